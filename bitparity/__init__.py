@@ -1,0 +1,16 @@
+"""bitparity: deterministic RL operators with one canonical float32 order.
+
+Every op is defined by the evaluation order in docs/spec.md and gives the same
+bits on every backend: `cpu` (compiled C), `numpy` (the spec executed
+literally), `cuda` (Triton), `ascend` (Ascend C). `native` is torch's own ops,
+the baseline for comparison.
+"""
+
+from .backends import backends, current_backend, use_backend
+from .ops import entropy, exp, log, log_softmax, logsumexp, softmax, sum, token_logprobs
+from .spec import SPEC_VERSION
+
+__all__ = [
+    "SPEC_VERSION", "backends", "current_backend", "use_backend",
+    "sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
+]

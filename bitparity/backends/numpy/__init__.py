@@ -1,0 +1,74 @@
+"""The `numpy` backend: reference/canonical.py on torch CPU tensors.
+
+It is the spec executed literally, the bit target for every other backend,
+and always available.  It is slow (every float32 operation is a full pass over
+the array); the `cpu` backend computes the same bits in compiled C.
+"""
+
+import numpy as np
+import torch
+
+from ...reference import canonical
+
+NAME = "numpy"
+
+
+def availability():
+    return True, "reference/canonical.py in numpy float32: the spec executed literally"
+
+
+def _np(t):
+    return None if t is None else t.numpy()
+
+
+def _torch(a):
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def _quiet(fn):
+    """IEEE specials are part of the spec (inf - inf = NaN is intended), so numpy's warnings are noise here."""
+    def wrapped(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+@_quiet
+def sum(x, mask):  # noqa: A001 - the op's public name
+    return _torch(canonical.sum(_np(x), _np(mask)))
+
+
+@_quiet
+def logsumexp(x, mask, scale):
+    return _torch(canonical.logsumexp(_np(x), _np(mask), scale))
+
+
+@_quiet
+def log_softmax(x, mask, scale):
+    return _torch(canonical.log_softmax(_np(x), _np(mask), scale))
+
+
+@_quiet
+def softmax(x, mask, scale):
+    return _torch(canonical.softmax(_np(x), _np(mask), scale))
+
+
+@_quiet
+def entropy(x, mask, scale):
+    return _torch(canonical.entropy(_np(x), _np(mask), scale))
+
+
+@_quiet
+def token_logprobs(x, tokens, scale):
+    return _torch(canonical.token_logprobs(_np(x), _np(tokens), scale))
+
+
+@_quiet
+def exp(x):
+    return _torch(canonical.exp(_np(x)))
+
+
+@_quiet
+def log(x):
+    return _torch(canonical.log(_np(x)))

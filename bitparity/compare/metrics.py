@@ -1,0 +1,69 @@
+"""Agreement and accuracy metrics: bits, ulps and logdiff.
+
+Bits are compared as int32 after every NaN is replaced by 0x7fc00000: the
+spec fixes where NaN appears, not its payload (docs/spec.md, section 9).
+"""
+
+import numpy as np
+import torch
+
+CANONICAL_NAN_BITS = 0x7FC00000
+
+
+def canonical_bits(t):
+    """int32 view of a float32 tensor with every NaN canonicalised."""
+    t = t.detach().to("cpu", torch.float32).contiguous()
+    bits = t.view(torch.int32).clone()
+    bits[torch.isnan(t)] = CANONICAL_NAN_BITS
+    return bits
+
+
+def exact_fraction(got, want):
+    """Fraction of elements whose canonical bits are identical."""
+    return float((canonical_bits(got) == canonical_bits(want)).double().mean())
+
+
+def ulp32(y):
+    """The spacing of float32 at |y| (float64 array in, float64 array out); subnormal spacing at 0."""
+    mag = np.abs(np.asarray(y, dtype=np.float64))
+    with np.errstate(over="ignore"):
+        f = np.minimum(mag, np.finfo(np.float32).max).astype(np.float32)
+    return np.spacing(f).astype(np.float64)
+
+
+def ulp_error(got, ref, floor=None):
+    """|got - ref| in float32 ulps of max(|ref|, floor), element-wise.
+
+    Where got and ref agree on a special value (same infinity, both NaN) the
+    error is 0; a special on one side only is an infinite error.
+    floor is a per-element (broadcastable) magnitude below which errors are
+    measured in its ulps instead: the scale a result is conditioned by
+    (docs/spec.md, section 10, says which for each op).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        ref32 = ref.astype(np.float32)
+    ref = np.where(np.isinf(ref32) & np.isfinite(ref), ref32.astype(np.float64), ref)   # beyond float32's range
+    scale = np.abs(ref) if floor is None else np.maximum(np.abs(ref), floor)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(got - ref) / ulp32(scale)
+    same_special = (got == ref) | (np.isnan(got) & np.isnan(ref))
+    err = np.where(same_special, 0.0, err)
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def max_or_zero(a):
+    a = np.asarray(a)
+    return float(a.max()) if a.size else 0.0
+
+
+def logdiff(got, want):
+    """max |got - want| over entries where both are finite; inf where only one side is finite."""
+    g = got.detach().to("cpu", torch.float64)
+    w = want.detach().to("cpu", torch.float64)
+    both = torch.isfinite(g) & torch.isfinite(w)
+    mismatch = (torch.isfinite(g) != torch.isfinite(w)) | ((~both) & (g != w) & ~(g.isnan() & w.isnan()))
+    if bool(mismatch.any()):
+        return float("inf")
+    return float((g - w)[both].abs().max()) if bool(both.any()) else 0.0

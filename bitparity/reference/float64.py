@@ -1,0 +1,95 @@
+"""What each op means, computed in float64 from the same float32 inputs.
+
+This is the yardstick for accuracy, not a bit target: float32 inputs are
+exact in float64, the temperature-scaled logits are the float32 values
+RN32(x * scale) that the spec starts from (any float32 implementation must
+round x / T once; spec 8.1 and 10 say what that costs), and np.exp/np.log in
+float64 are far more accurate than one float32 ulp.  Special values follow
+the spec's table (docs/spec.md, section 9), so that a float32 result and its
+meaning can be compared element by element.
+
+Arrays are 2-D [rows, n] (1-D for exp/log), as in reference/canonical.py.
+"""
+
+import numpy as np
+
+F64 = np.float64
+
+
+def _scaled(x, mask, scale):
+    """The float32 logits w = RN32(x * scale) that every float32 implementation starts from (spec 8.1)."""
+    w = (x.astype(np.float32) * np.float32(scale)).astype(F64)
+    if mask is not None:
+        w = np.where(mask, w, -np.inf)
+    return w
+
+
+def _stats(w):
+    """(shift, total, log_total) per row: total = sum exp(w - shift); 0 for an empty row, NaN for NaN/+inf rows.
+
+    log_total is log1p(total - 1) with total - 1 summed without the leading 1s,
+    so that it stays accurate when one entry dominates (float64's own
+    log(1 + 1e-14) would be off by 1%).
+    """
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        row_max = np.max(w, axis=1)
+        shift = np.where(row_max == -np.inf, 0.0, row_max)
+        e = np.exp(w - shift[:, None])
+        ones = np.sum(e == 1.0, axis=1)
+        rest = np.sum(np.where(e == 1.0, 0.0, e), axis=1)
+        total = ones + rest
+        log_total = np.where(ones >= 1, np.log1p((ones - 1) + rest), np.log(total))
+    return shift, total, log_total
+
+
+def sum(x, mask):  # noqa: A001 - the op's public name
+    x = x.astype(F64)
+    if mask is not None:
+        x = np.where(mask, x, 0.0)
+    return np.sum(x, axis=1)
+
+
+def logsumexp(x, mask, scale):
+    shift, _, log_total = _stats(_scaled(x, mask, scale))
+    return shift + log_total
+
+
+def log_softmax(x, mask, scale):
+    w = _scaled(x, mask, scale)
+    shift, total, log_total = _stats(w)
+    with np.errstate(invalid="ignore"):
+        out = (w - shift[:, None]) - log_total[:, None]
+    return np.where((total == 0.0)[:, None], -np.inf, out)
+
+
+def softmax(x, mask, scale):
+    w = _scaled(x, mask, scale)
+    shift, total, _ = _stats(w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.exp(w - shift[:, None]) / total[:, None]
+    return np.where((total == 0.0)[:, None], 0.0, out)
+
+
+def entropy(x, mask, scale):
+    w = _scaled(x, mask, scale)
+    shift, total, log_total = _stats(w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = w - shift[:, None]
+        p = np.exp(d) / total[:, None]
+        terms = np.where(p == 0.0, 0.0, p * (log_total[:, None] - d))
+    return np.where(total == 0.0, 0.0, np.sum(terms, axis=1))
+
+
+def token_logprobs(x, tokens, scale):
+    logp = log_softmax(x, None, scale)
+    return np.take_along_axis(logp, tokens[:, None].astype(np.int64), axis=1)[:, 0]
+
+
+def exp(x):
+    with np.errstate(over="ignore"):
+        return np.exp(x.astype(F64))
+
+
+def log(x):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x.astype(F64))

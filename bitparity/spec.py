@@ -1,0 +1,72 @@
+"""Constants of the canonical float32 evaluation order (docs/spec.md).
+
+Every backend reads its constants from here (Python backends) or from a copy
+generated into its kernel source and checked against this file by a test
+(tests/test_spec.py).  Float constants are given as IEEE-754 binary32 bit
+patterns: the bits are the definition, the decimal in the comment is a label.
+"""
+
+import struct
+
+SPEC_VERSION = "1.0.0"
+
+# -- Reduction structure (spec section 3) ------------------------------------
+LANES = 1024          # L: lane j of a segment sums x[j], x[j+L], ... in sequence
+SEGMENT = 16384       # S: elements per segment, a multiple of LANES
+NEG_ZERO_BITS = 0x80000000   # -0.0, the exact additive identity used as padding
+
+# -- exp (spec section 5) -----------------------------------------------------
+EXP_HI_BITS = 0x42B17217     # 88.7228317: largest x with finite exp(x)
+EXP_LO_BITS = 0xC2CFF1B5     # -103.972084: exp(x) rounds to 0 at and below
+EXP_CLAMP_HI_BITS = 0x42B20000   # 89.0: clamp before range reduction
+EXP_CLAMP_LO_BITS = 0xC2D00000   # -104.0
+LOG2E_BITS = 0x3FB8AA3B      # 1.44269502 = round(1/ln 2)
+ROUND_MAGIC_BITS = 0x4B400000    # 12582912.0 = 1.5 * 2**23
+LN2_HI_BITS = 0x3F317200     # 0.693145752 (15 significant bits: k*hi is exact)
+LN2_LO_BITS = 0x35BFBE8E     # 1.42860677e-06 = ln 2 - hi, rounded
+# Cephes expf polynomial, highest degree first: P(r) = ((((c0 r + c1) r + c2) r + c3) r + c4) r + c5
+EXP_POLY_BITS = (
+    0x39506967,   # 1.9875691500e-4
+    0x3AB743CE,   # 1.3981999507e-3
+    0x3C088908,   # 8.3334519073e-3
+    0x3D2AA9C1,   # 4.1665795894e-2
+    0x3E2AAAAA,   # 1.6666665459e-1
+    0x3F000000,   # 5.0000001201e-1 (rounds to exactly 0.5)
+)
+
+# -- log (spec section 6) -----------------------------------------------------
+LOG_SQRTHALF_BITS = 0x3F3504F3   # 0.707106769 = sqrt(1/2): mantissa range [sqrt(1/2), sqrt(2))
+LOG_SUBNORMAL_SCALE_BITS = 0x4B000000   # 8388608.0 = 2**23
+MIN_NORMAL_BITS = 0x00800000     # 1.17549435e-38
+# Cephes logf polynomial, highest degree first
+LOG_POLY_BITS = (
+    0x3D9021BB,   # 7.0376836292e-2
+    0xBDEBD1B8,   # -1.1514610310e-1
+    0x3DEF251A,   # 1.1676998740e-1
+    0xBDFE5D4F,   # -1.2420140846e-1
+    0x3E11E9BF,   # 1.4249322787e-1
+    0xBE2AAE50,   # -1.6668057665e-1
+    0x3E4CCEAC,   # 2.0000714765e-1
+    0xBE7FFFFC,   # -2.4999993993e-1
+    0x3EAAAAAA,   # 3.3333331174e-1
+)
+LOG_LN2_LO_BITS = 0xB95E8083     # -2.12194440e-4
+LOG_LN2_HI_BITS = 0x3F318000     # 0.693359375
+HALF_BITS = 0x3F000000           # 0.5
+
+# -- reciprocal (spec section 7) ----------------------------------------------
+RECIP_MAGIC = 0x7EF311C3         # initial guess: bits(r0) = RECIP_MAGIC - bits(s)
+RECIP_NEWTON_STEPS = 4
+SPLIT_BITS = 0x45800800          # 4097.0 = 2**12 + 1, Veltkamp splitter
+TWO_BITS = 0x40000000            # 2.0
+ONE_BITS = 0x3F800000            # 1.0
+
+
+def f32(bits: int) -> float:
+    """The binary32 value with the given bit pattern, as a Python float (exact)."""
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def bits_of(value: float) -> int:
+    """Bit pattern of value rounded to binary32."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]
