@@ -89,3 +89,18 @@ def make_elementwise(op, n, seed=0):
                          1.17549435e-38, 3.4028235e38, 88.72283, 88.72284, -103.97207, -103.97208],
                         dtype=np.float32)
     return torch.from_numpy(np.concatenate([specials, body]).astype(np.float32))
+
+
+def make_batch(rows, n, seed=0):
+    """(x [rows, n], mask [rows, n]): row r is of kind ROW_KINDS[r % 6]; the mask is all True outside masked rows."""
+    x = torch.empty(rows, n)
+    mask = torch.ones(rows, n, dtype=torch.bool)
+    for k, kind in enumerate(ROW_KINDS):
+        idx = list(range(k, rows, len(ROW_KINDS)))
+        if not idx:
+            continue
+        xk, mk = make_logits(kind, len(idx), n, seed)
+        x[idx] = xk
+        if mk is not None:
+            mask[idx] = mk
+    return x, mask

@@ -1,0 +1,34 @@
+"""Shared test set-up: a repeatable Hypothesis profile and the backends under test."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import bitparity
+
+# Database-free and derandomized: CI runs the same examples every time.
+settings.register_profile("ci", database=None, derandomize=True, deadline=None, max_examples=60,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+IMPLEMENTATIONS = ("cpu", "cuda", "ascend")      # compared bit for bit with the numpy backend
+
+
+def _checked(name):
+    # The test machine has gcc, g++ and triton: an unavailable backend is a failure, never a skip.
+    info = {b["name"]: b for b in bitparity.backends()}[name]
+    assert info["available"], f"backend {name} unavailable: {info['reason']}"
+    return name
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def backend(request):
+    """Each implementation of the canonical order other than the numpy reference it is compared with."""
+    return _checked(request.param)
+
+
+@pytest.fixture(params=("numpy", *IMPLEMENTATIONS))
+def any_backend(request):
+    """Each canonical backend, the numpy reference included (for properties that hold of every one)."""
+    return _checked(request.param)
