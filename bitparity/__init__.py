@@ -7,10 +7,12 @@ the baseline for comparison.
 """
 
 from .backends import backends, current_backend, use_backend
-from .ops import entropy, exp, log, log_softmax, logsumexp, softmax, sum, token_logprobs
+from .ops import (entropy, exp, gae, kl_penalty, log, log_softmax, logsumexp, masked_mean, masked_whiten,
+                  ppo_policy_loss, softmax, sum, token_logprobs)
 from .spec import SPEC_VERSION
 
 __all__ = [
     "SPEC_VERSION", "backends", "current_backend", "use_backend",
     "sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
+    "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss",
 ]

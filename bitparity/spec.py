@@ -62,6 +62,27 @@ TWO_BITS = 0x40000000            # 2.0
 ONE_BITS = 0x3F800000            # 1.0
 
 
+# -- RL operators (spec sections 14-17) -----------------------------------------
+RSQRT_MAGIC = 0x5F3759DF         # initial guess: bits(r0) = RSQRT_MAGIC - (bits(y) >> 1)
+RSQRT_NEWTON_STEPS = 4
+THREE_HALVES_BITS = 0x3FC00000   # 1.5
+K3_SERIES_LIMIT_BITS = 0x3F800000   # |d| < 1: k3 = d*d * phi(d) by its series; else (exp(d) - 1) - d
+# phi(d) = (e^d - 1 - d) / d^2 = sum_k d^k / (k + 2)!, Horner from the highest degree: RN32(1/(k+2)!) for k = 10 .. 0
+K3_SERIES_BITS = (
+    0x310F76C7,   # 1/12!
+    0x32D7322B,   # 1/11!
+    0x3493F27E,   # 1/10!
+    0x3638EF1D,   # 1/9!
+    0x37D00D01,   # 1/8!
+    0x39500D01,   # 1/7!
+    0x3AB60B61,   # 1/6!
+    0x3C088889,   # 1/5!
+    0x3D2AAAAB,   # 1/4!
+    0x3E2AAAAB,   # 1/3!
+    0x3F000000,   # 1/2!
+)
+
+
 def f32(bits: int) -> float:
     """The binary32 value with the given bit pattern, as a Python float (exact)."""
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]

@@ -247,3 +247,135 @@ def sum(x, mask):  # noqa: A001 - the op's public name
     if mask is not None:
         x = np.where(mask, x, NEG_ZERO)
     return canonical_sum(x)
+
+
+# -- RL operators (spec 14-17) --------------------------------------------------
+
+def _nan_clamp(v, low, high):
+    """min(max(v, low), high) with NaN propagated (np.maximum/np.minimum propagate NaN)."""
+    return np.minimum(np.maximum(v, F32(low)), F32(high))
+
+
+def count(mask):
+    """[R, N] bool -> [R] float32: how many entries count, as an exact integer rounded once to float32."""
+    return mask.sum(axis=1, dtype=np.int64).astype(F32)
+
+
+def _count_reciprocal(n):
+    """1/n for a count n >= 1 (spec 7's domain), and 0 for n = 0, so that an empty mean is 0."""
+    return np.where(n == F32(0.0), F32(0.0), reciprocal(np.maximum(n, F32(1.0))))
+
+
+def masked_mean(x, mask):
+    """[R, N] -> [R]: canonical sum of the counted entries times 1/count; +0.0 for an empty row (spec 15.1)."""
+    return canonical_sum(np.where(mask, x, NEG_ZERO)) * _count_reciprocal(count(mask)) + F32(0.0)
+
+
+def rsqrt(y):
+    """1/sqrt(y) for y > 0 (a variance plus eps): Newton steps from the bit-trick guess (spec 15.2)."""
+    y = np.asarray(y, dtype=F32)
+    r = (I32(spec.RSQRT_MAGIC) - (y.view(I32) >> 1)).view(F32)
+    h = _c(spec.HALF_BITS) * y
+    for _ in range(spec.RSQRT_NEWTON_STEPS):
+        r = r * (_c(spec.THREE_HALVES_BITS) - (h * r) * r)
+    return np.where(y == POS_INF, F32(0.0), r)
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    """[R, N] -> [R, N]: (x - mean) * rsqrt(var + eps) per row over counted entries; 0 where not counted (spec 15.3)."""
+    mean = masked_mean(x, mask)
+    d = x - mean[:, None]
+    ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
+    n = mask.sum(axis=1, dtype=np.int64)
+    divisor = np.maximum(n - 1 if unbiased else n, 1).astype(F32)
+    var = ss * reciprocal(divisor)
+    out = d * rsqrt(var + F32(eps))[:, None]
+    if not shift_mean:
+        out = out + mean[:, None]
+    return np.where(mask, out, F32(0.0))
+
+
+def _k3(d):
+    """e^d - 1 - d without cancellation: d*d * phi(d) by its Taylor series for |d| < 1 (spec 16)."""
+    phi = _c(spec.K3_SERIES_BITS[0]) * np.ones_like(d)
+    for coeff in spec.K3_SERIES_BITS[1:]:
+        phi = phi * d + _c(coeff)
+    series = (d * d) * phi
+    direct = (exp(d) - F32(1.0)) - d
+    out = np.where(np.abs(d) < _c(spec.K3_SERIES_LIMIT_BITS), series, direct)
+    return np.where(d == POS_INF, POS_INF, out)
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    """[n] -> [n]: KL estimators of d = ref_logp - logp (verl's convention, spec 16)."""
+    d = ref_logp - logp
+    if log_ratio_clamp is not None:
+        d = _nan_clamp(d, -log_ratio_clamp, log_ratio_clamp)
+    if kind == "k1":
+        out = -d
+    elif kind == "abs":
+        out = np.abs(d)
+    elif kind == "k2":
+        out = (d * d) * _c(spec.HALF_BITS)
+    else:
+        out = _k3(d)
+    if clamp is not None:
+        out = _nan_clamp(out, -clamp, clamp)
+    return out
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    """[B, T] -> (advantages, returns): the reverse recurrence, one float32 operation at a time (spec 14)."""
+    g, gl = F32(gamma), F32(gamma_lambda)
+    adv = np.empty_like(rewards)
+    ret = np.empty_like(rewards)
+    next_v = bootstrap.astype(F32, copy=True)
+    last = np.zeros_like(next_v)
+    if mask_mode == "zero":
+        rewards = np.where(mask, rewards, F32(0.0))
+        values = np.where(mask, values, F32(0.0))
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        r, v, m = rewards[:, t], values[:, t], mask[:, t]
+        delta = (r + g * next_v) - v
+        cand = delta + gl * last
+        if mask_mode == "carry":
+            next_v = np.where(m, v, next_v)
+            last = np.where(m, cand, last)
+            adv[:, t] = last
+            ret[:, t] = last + v
+        else:
+            next_v = v
+            last = cand
+            adv[:, t] = np.where(m, last, F32(0.0))
+            ret[:, t] = np.where(m, last + v, F32(0.0))
+    return adv, ret
+
+
+def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp):
+    """[B, T] -> (loss per token, clipped per token): verl's clipped surrogate (spec 17.1)."""
+    d = logp - old_logp
+    if ratio_clamp is not None:
+        d = _nan_clamp(d, -ratio_clamp, ratio_clamp)
+    ratio = exp(d)
+    neg_adv = -advantages
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * _nan_clamp(ratio, ratio_low, ratio_high)
+    clipped = loss2 > loss1
+    loss = np.maximum(loss1, loss2)
+    if dual_clip is not None:
+        loss = np.where(advantages < F32(0.0), np.minimum(neg_adv * F32(dual_clip), loss), loss)
+    return loss, clipped
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    """[B, T] -> (loss, clip fraction) as 0-d float32 arrays (spec 17.2)."""
+    loss, clipped = ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp)
+    everything = np.ones((1, logp.shape[0]), dtype=bool)
+    if agg == "token-mean":
+        total = masked_mean(loss.reshape(1, -1), mask.reshape(1, -1))
+    elif agg == "seq-mean-token-sum":
+        total = masked_mean(canonical_sum(np.where(mask, loss, NEG_ZERO))[None, :], everything)
+    else:
+        total = masked_mean(masked_mean(loss, mask)[None, :], everything)
+    frac = masked_mean(np.where(clipped, F32(1.0), F32(0.0)).reshape(1, -1), mask.reshape(1, -1))
+    return total[0], frac[0]

@@ -93,3 +93,76 @@ def exp(x):
 def log(x):
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.log(x.astype(F64))
+
+
+# -- RL operators -----------------------------------------------------------------
+
+def masked_mean(x, mask):
+    n = mask.sum(axis=1)
+    s = np.where(mask, x.astype(F64), 0.0).sum(axis=1)
+    return np.where(n == 0, 0.0, s / np.maximum(n, 1))
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    x = x.astype(F64)
+    mean = masked_mean(x, mask)
+    d = x - mean[:, None]
+    n = mask.sum(axis=1)
+    var = np.where(mask, d * d, 0.0).sum(axis=1) / np.maximum(n - 1 if unbiased else n, 1)
+    out = d / np.sqrt(var + F64(np.float32(eps)))[:, None]
+    if not shift_mean:
+        out = out + mean[:, None]
+    return np.where(mask, out, 0.0)
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    d = ref_logp.astype(F64) - logp.astype(F64)
+    if log_ratio_clamp is not None:
+        d = np.clip(d, -log_ratio_clamp, log_ratio_clamp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = {"k1": lambda: -d, "abs": lambda: np.abs(d), "k2": lambda: 0.5 * d * d,
+               "k3": lambda: np.where(d == np.inf, np.inf, np.expm1(d) - d)}[kind]()
+    if clamp is not None:
+        out = np.clip(out, -clamp, clamp)
+    return out
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    """The recurrence in float64 with the float32 gamma and gamma*lambda the canonical order uses (spec 14)."""
+    r, v = rewards.astype(F64), values.astype(F64)
+    if mask_mode == "zero":
+        r, v = np.where(mask, r, 0.0), np.where(mask, v, 0.0)
+    adv, ret = np.empty_like(r), np.empty_like(r)
+    next_v, last = bootstrap.astype(F64), np.zeros(r.shape[0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        cand = (r[:, t] + gamma * next_v - v[:, t]) + gamma_lambda * last
+        if mask_mode == "carry":
+            next_v = np.where(mask[:, t], v[:, t], next_v)
+            last = np.where(mask[:, t], cand, last)
+            adv[:, t], ret[:, t] = last, last + v[:, t]
+        else:
+            next_v, last = v[:, t], cand
+            adv[:, t] = np.where(mask[:, t], last, 0.0)
+            ret[:, t] = np.where(mask[:, t], last + v[:, t], 0.0)
+    return adv, ret
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    d = logp.astype(F64) - old_logp.astype(F64)
+    if ratio_clamp is not None:
+        d = np.clip(d, -ratio_clamp, ratio_clamp)
+    ratio = np.exp(d)
+    a = advantages.astype(F64)
+    loss1, loss2 = -a * ratio, -a * np.clip(ratio, ratio_low, ratio_high)
+    loss = np.maximum(loss1, loss2)
+    if dual_clip is not None:
+        loss = np.where(a < 0, np.minimum(-a * dual_clip, loss), loss)
+    flat_mask = mask.reshape(1, -1)
+    if agg == "token-mean":
+        total = masked_mean(loss.reshape(1, -1), flat_mask)[0]
+    elif agg == "seq-mean-token-sum":
+        total = np.where(mask, loss, 0.0).sum(axis=1).mean()
+    else:
+        total = masked_mean(loss, mask).mean()
+    frac = masked_mean((loss2 > loss1).astype(F64).reshape(1, -1), flat_mask)[0]
+    return total, frac

@@ -55,3 +55,78 @@ def exp(x):
 
 def log(x):
     return torch.log(x)
+
+
+# -- RL operators, as TRL / verl / OpenRLHF write them with torch ops ----------------
+
+def masked_mean(x, mask):
+    # verl's masked_mean: (values * mask).sum() / (mask.sum() + 1e-8)
+    return (x * mask).sum(dim=-1) / (mask.sum(dim=-1) + 1e-8)
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    # verl's masked_whiten / masked_var: multiply-by-mask sums, Bessel factor n / (n - 1), rsqrt.
+    mean = masked_mean(x, mask)[:, None]
+    centered = x - mean
+    var = masked_mean(centered * centered, mask)[:, None]
+    if unbiased:
+        n = mask.sum(dim=-1, keepdim=True)
+        var = var * (n / (n - 1).clamp(min=1))
+    out = centered * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    # verl's kl_penalty: k1 = logp - ref, abs, k2 = 0.5 (logp - ref)^2, k3 = exp(d) - d - 1.
+    d = ref_logp - logp
+    if log_ratio_clamp is not None:
+        d = d.clamp(-log_ratio_clamp, log_ratio_clamp)
+    out = {"k1": lambda: logp - ref_logp, "abs": lambda: (logp - ref_logp).abs(),
+           "k2": lambda: 0.5 * (logp - ref_logp).square(), "k3": lambda: torch.exp(d) - d - 1}[kind]()
+    return out if clamp is None else out.clamp(-clamp, clamp)
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    # The Python reverse loop of verl's compute_gae_advantage_return (carry) and of
+    # TRL / OpenRLHF (zero: rewards and values multiplied by the mask first).
+    m = mask.to(rewards.dtype)
+    if mask_mode == "zero":
+        rewards, values = rewards * m, values * m
+    next_v, last = bootstrap.clone(), torch.zeros_like(bootstrap)
+    out = []
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_v - values[:, t]
+        cand = delta + gamma_lambda * last
+        if mask_mode == "carry":
+            next_v = values[:, t] * m[:, t] + (1 - m[:, t]) * next_v
+            last = cand * m[:, t] + (1 - m[:, t]) * last
+        else:
+            next_v, last = values[:, t], cand
+        out.append(last)
+    adv = torch.stack(out[::-1], dim=1)
+    ret = adv + values
+    return (adv, ret) if mask_mode == "carry" else (adv * m, ret * m)
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    # verl's compute_policy_loss + agg_loss.
+    d = logp - old_logp
+    if ratio_clamp is not None:
+        d = d.clamp(-ratio_clamp, ratio_clamp)
+    ratio = torch.exp(d)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(ratio_low, ratio_high)
+    loss = torch.maximum(loss1, loss2)
+    if dual_clip is not None:
+        loss = torch.where(advantages < 0, torch.minimum(-advantages * dual_clip, loss), loss)
+    m = mask.to(loss.dtype)
+    if agg == "token-mean":
+        total = (loss * m).sum() / (m.sum() + 1e-8)
+    elif agg == "seq-mean-token-sum":
+        total = (loss * m).sum(dim=-1).mean()
+    else:
+        total = ((loss * m).sum(dim=-1) / (m.sum(dim=-1) + 1e-8)).mean()
+    frac = ((loss2 > loss1).to(loss.dtype) * m).sum() / (m.sum() + 1e-8)
+    return total, frac

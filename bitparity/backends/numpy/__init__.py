@@ -72,3 +72,31 @@ def exp(x):
 @_quiet
 def log(x):
     return _torch(canonical.log(_np(x)))
+
+
+@_quiet
+def masked_mean(x, mask):
+    return _torch(canonical.masked_mean(_np(x), _np(mask)))
+
+
+@_quiet
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    return _torch(canonical.masked_whiten(_np(x), _np(mask), shift_mean, unbiased, eps))
+
+
+@_quiet
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    return _torch(canonical.kl_penalty(_np(logp), _np(ref_logp), kind, clamp, log_ratio_clamp))
+
+
+@_quiet
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    adv, ret = canonical.gae(_np(rewards), _np(values), _np(mask), _np(bootstrap), gamma, gamma_lambda, mask_mode)
+    return _torch(adv), _torch(ret)
+
+
+@_quiet
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    loss, frac = canonical.ppo_policy_loss(_np(logp), _np(old_logp), _np(advantages), _np(mask),
+                                           ratio_low, ratio_high, dual_clip, ratio_clamp, agg)
+    return _torch(loss), _torch(frac)
