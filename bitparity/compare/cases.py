@@ -104,3 +104,26 @@ def make_batch(rows, n, seed=0):
         if mk is not None:
             mask[idx] = mk
     return x, mask
+
+
+def make_rl_batch(rows, t, seed=0):
+    """An RL batch [rows, t]: variable-length right-padded responses, rewards on the last token
+    plus small per-token rewards, values, advantages, and log-probs of three policies close to
+    each other (as consecutive PPO iterates are)."""
+    rng = np.random.default_rng([seed, rows, t, 123])
+    lengths = rng.integers(1, t + 1, rows)
+    lengths[0] = t
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rewards = rng.standard_normal((rows, t)) * 0.01
+    rewards[np.arange(rows), lengths - 1] += rng.standard_normal(rows) * 5.0
+    logp = -np.abs(rng.standard_normal((rows, t))) * 2.0
+    out = {
+        "mask": mask,
+        "rewards": rewards,
+        "values": rng.standard_normal((rows, t)),
+        "advantages": rng.standard_normal((rows, t)),
+        "logp": logp,
+        "old_logp": logp + rng.standard_normal((rows, t)) * 0.1,
+        "ref_logp": logp + rng.standard_normal((rows, t)) * 0.05,
+    }
+    return {k: torch.from_numpy(v if v.dtype == bool else v.astype(np.float32)) for k, v in out.items()}

@@ -115,8 +115,13 @@ def masked_whiten(x, mask, shift_mean, unbiased, eps):
     return np.where(mask, out, 0.0)
 
 
+def _log_ratio(a, b):
+    """The float32 log-ratio RN32(a - b) that every float32 implementation starts from (spec 16)."""
+    return (a.astype(np.float32) - b.astype(np.float32)).astype(F64)
+
+
 def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
-    d = ref_logp.astype(F64) - logp.astype(F64)
+    d = _log_ratio(ref_logp, logp)
     if log_ratio_clamp is not None:
         d = np.clip(d, -log_ratio_clamp, log_ratio_clamp)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -148,7 +153,7 @@ def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
 
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
-    d = logp.astype(F64) - old_logp.astype(F64)
+    d = _log_ratio(logp, old_logp)
     if ratio_clamp is not None:
         d = np.clip(d, -ratio_clamp, ratio_clamp)
     ratio = np.exp(d)
