@@ -171,3 +171,98 @@ def test_backends_lists_every_backend_with_a_reason():
 def test_default_backend_for_cpu_tensors_is_cpu():
     x = torch.randn(2, 9)
     assert torch.equal(canonical_bits(bp.log_softmax(x)), canonical_bits(bp.log_softmax(x, backend="cpu")))
+
+
+# -- RL operators: errors ----------------------------------------------------------
+
+B, T = 3, 6
+R = torch.randn(B, T)
+M = torch.ones(B, T, dtype=torch.bool)
+
+
+def test_gae_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"values must have the shape of rewards, \(3, 6\)"):
+        bp.gae(R, torch.randn(3, 5))
+    with pytest.raises(ValueError, match=r"rewards must have shape \[B, T\]"):
+        bp.gae(torch.randn(2, 3, 4), torch.randn(2, 3, 4))
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
+        bp.gae(R, R, M.float())
+    with pytest.raises(ValueError, match="mask must have the shape of x"):
+        bp.gae(R, R, M[:, :5])
+    for name, kw in (("gamma", {"gamma": 1.5}), ("gamma", {"gamma": -0.1}), ("lam", {"lam": 2.0}),
+                     ("lam", {"lam": float("nan")})):
+        with pytest.raises(ValueError, match=rf"{name} must be finite and in \[0.0, 1.0\]"):
+            bp.gae(R, R, **kw)
+    with pytest.raises(ValueError, match="mask_mode must be one of carry, zero"):
+        bp.gae(R, R, mask_mode="skip")
+    with pytest.raises(ValueError, match=r"bootstrap must have shape \[B\] = \(3,\)"):
+        bp.gae(R, R, bootstrap=torch.zeros(4))
+    with pytest.raises(TypeError, match="rewards must be float32"):
+        bp.gae(R.double(), R.double())
+
+
+def test_masked_mean_and_whiten_reject_bad_input():
+    with pytest.raises(TypeError, match=r"mask must be a torch.Tensor of dtype bool.*got None"):
+        bp.masked_mean(R, None)
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
+        bp.masked_whiten(R, M.int())
+    with pytest.raises(ValueError, match="mask must have the shape of x"):
+        bp.masked_mean(R, M[:2])
+    with pytest.raises(ValueError, match=r"dim must be None or an int in \[-2, 2\)"):
+        bp.masked_mean(R, M, dim=2)
+    for eps in (0.0, -1e-8, float("inf"), 1e-40):
+        with pytest.raises(ValueError, match="eps must"):
+            bp.masked_whiten(R, M, eps=eps)
+    with pytest.raises(TypeError, match="shift_mean must be a bool"):
+        bp.masked_whiten(R, M, shift_mean=1)
+
+
+def test_kl_penalty_rejects_bad_input():
+    with pytest.raises(ValueError, match="kind must be one of k1, k2, k3, abs; got 'k4'"):
+        bp.kl_penalty(R, R, "k4")
+    with pytest.raises(ValueError, match=r"ref_logp must have the shape of logp"):
+        bp.kl_penalty(R, R[:, :2], "k1")
+    for name in ("clamp", "log_ratio_clamp"):
+        with pytest.raises(ValueError, match=rf"{name} must be finite and in \(0.0, inf\)"):
+            bp.kl_penalty(R, R, "k3", **{name: 0.0})
+
+
+def test_ppo_policy_loss_rejects_bad_input():
+    with pytest.raises(ValueError, match="agg must be one of token-mean, seq-mean-token-sum, seq-mean-token-mean"):
+        bp.ppo_policy_loss(R, R, R, M, agg="sum")
+    with pytest.raises(ValueError, match=r"advantages must have the shape of logp"):
+        bp.ppo_policy_loss(R, R, R[:1], M)
+    with pytest.raises(ValueError, match=r"clip_low must be finite and in \[0.0, 1.0\]"):
+        bp.ppo_policy_loss(R, R, R, M, clip_low=-0.1)
+    with pytest.raises(ValueError, match=r"clip_low must be in \[0, 1\)"):
+        bp.ppo_policy_loss(R, R, R, M, clip_low=1.0)
+    with pytest.raises(ValueError, match=r"clip_high must be finite and in \[0.0, inf\)"):
+        bp.ppo_policy_loss(R, R, R, M, clip_high=float("inf"))
+    with pytest.raises(ValueError, match=r"dual_clip must be finite and in \(1.0, inf\)"):
+        bp.ppo_policy_loss(R, R, R, M, dual_clip=0.5)
+    with pytest.raises(ValueError, match=r"ratio_clamp must be finite and in \(0.0, inf\)"):
+        bp.ppo_policy_loss(R, R, R, M, ratio_clamp=-1.0)
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor of dtype bool"):
+        bp.ppo_policy_loss(R, R, R, None)
+
+
+def test_rl_ops_shapes():
+    adv, ret = bp.gae(R, R, M, 0.9, 0.8)
+    assert adv.shape == ret.shape == (B, T)
+    assert bp.masked_mean(R, M).shape == ()
+    assert bp.masked_mean(R, M, dim=0).shape == (T,)
+    assert bp.masked_mean(R, M, dim=-1).shape == (B,)
+    assert bp.masked_whiten(R, M).shape == (B, T)
+    assert bp.kl_penalty(R, R, "k3").shape == (B, T)
+    loss, frac = bp.ppo_policy_loss(R, R, R, M)
+    assert loss.shape == frac.shape == ()
+
+
+def test_masked_mean_along_a_dim_is_the_rowwise_mean():
+    x = torch.randn(4, 5, 6)
+    m = torch.rand(4, 5, 6) > 0.3
+    along = bp.masked_mean(x, m, dim=1, backend="numpy")
+    for i in range(4):
+        for k in range(6):
+            one = bp.masked_mean(x[i, :, k], m[i, :, k], backend="numpy")
+            assert torch.equal(canonical_bits(along[i, k]), canonical_bits(one))
