@@ -192,8 +192,10 @@ def _softmax_stats(w):
     seg_shift = np.where(seg_max == NEG_INF, F32(0.0), seg_max)
     e = exp(seg - seg_shift[:, :, None, None])                 # [R, G, C, W]
     one = e == F32(1.0)
+    # Zeros (masked entries, padding, underflow) enter both sums as -0.0, the exact
+    # identity, so an implementation may skip them without changing a bit (spec 8.2).
     seg_count = _segment_sums(np.where(one, F32(1.0), NEG_ZERO))
-    seg_rest = _segment_sums(np.where(one, NEG_ZERO, e))
+    seg_rest = _segment_sums(np.where(one | (e == F32(0.0)), NEG_ZERO, e))
     row_max = _canonical_max(seg_max, 1)                       # [R]
     shift = np.where(row_max == NEG_INF, F32(0.0), row_max)
     c = exp(seg_max - shift[:, None])                          # [R, G]

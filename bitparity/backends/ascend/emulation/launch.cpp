@@ -1,0 +1,69 @@
+// ctypes entry points of the host emulation: each runs one kernel of
+// kernels/*.cpp on `blocks` emulated AI cores (bp_emulation::Launch).  The NPU
+// build launches the same kernels with <<<blocks, nullptr, stream>>> instead
+// (npu/bitparity_npu.cpp).  A test double, not an NPU.  Each returns 0, or 1
+// with the reason in bp_emulation_last_error().
+
+#include "kernel_operator.h"
+
+extern "C" {
+
+void bitparity_sum(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask);
+void bitparity_logsumexp(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
+                         float scale);
+void bitparity_log_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
+                           float scale);
+void bitparity_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
+                       float scale);
+void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
+                       float scale);
+void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows, uint32_t cols, float scale);
+void bitparity_exp(GM_ADDR x, GM_ADDR y, uint32_t n);
+void bitparity_log(GM_ADDR x, GM_ADDR y, uint32_t n);
+
+int bp_sum(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_sum(x, mask, out, rows, cols, hasMask); });
+}
+
+int bp_logsumexp(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+                 uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_logsumexp(x, mask, out, rows, cols, hasMask, scale); });
+}
+
+int bp_log_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+                   uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_log_softmax(x, mask, out, rows, cols, hasMask, scale); });
+}
+
+int bp_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+               uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_softmax(x, mask, out, rows, cols, hasMask, scale); });
+}
+
+int bp_entropy(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+               uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_entropy(x, mask, out, rows, cols, hasMask, scale); });
+}
+
+int bp_token_logprobs(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows, uint32_t cols,
+                      float scale)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_token_logprobs(x, tokens, out, rows, cols, scale); });
+}
+
+int bp_exp(uint32_t blocks, GM_ADDR x, GM_ADDR y, uint32_t n)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_exp(x, y, n); });
+}
+
+int bp_log(uint32_t blocks, GM_ADDR x, GM_ADDR y, uint32_t n)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_log(x, y, n); });
+}
+
+}  // extern "C"

@@ -1,0 +1,139 @@
+"""The Ascend C kernels run in the host emulation: a test double, not an NPU.
+
+kernels/*.cpp are compiled with g++ against emulation/kernel_operator.h (the
+subset of the Ascend C API they use, with the A2 constraints enforced) and
+emulation/runtime.cpp (the launch: AI cores run one after another), and called
+through ctypes on CPU tensors.  Built once by backends/_build.py, cached by the
+hash of sources, headers, flags and compiler.
+"""
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from ... import spec
+from .._build import build_shared_library, find_compiler
+
+HERE = Path(__file__).resolve().parent
+KERNEL_DIR = HERE / "kernels"
+EMULATION_DIR = HERE / "emulation"
+KERNEL_SOURCES = sorted(KERNEL_DIR.glob("*.cpp"))
+KERNEL_HEADERS = sorted(KERNEL_DIR.glob("*.h"))
+EMULATION_HEADER = EMULATION_DIR / "kernel_operator.h"
+RUNTIME_SOURCE = EMULATION_DIR / "runtime.cpp"
+
+# Added to _build.COMMON_FLAGS (-O2 -ffp-contract=off -fno-fast-math).  The UB is a
+# byte array read as float/int32/half, so strict aliasing is off.  The dynamic
+# vectoriser cost model lets gcc vectorise the element-wise loops behind runtime
+# alias checks; element-wise IEEE operations give the same bits at any width.
+FLAGS = ("-std=c++17", "-fno-strict-aliasing", "-fvect-cost-model=dynamic", "-Wall", "-Wextra")
+
+# The Atlas 800T A2 (910B3) has 40 vector cores: a launch uses up to that many
+# blocks.  The count changes no bit (each row is computed by one core in the
+# spec's order), which the tests check by running other counts.
+BLOCKS = 40
+
+# The longest row: kernels/tiling.h keeps MAX_SEGMENTS = 1024 per-segment partials in UB.
+MAX_ROW = 1024 * spec.SEGMENT
+
+_U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+_SOFTMAX = [_U32, _P, _P, _P, _U32, _U32, _U32, _F32]    # blocks, x, mask, out, rows, cols, hasMask, scale
+_SIGNATURES = {
+    "bp_sum": [_U32, _P, _P, _P, _U32, _U32, _U32],
+    "bp_logsumexp": _SOFTMAX,
+    "bp_log_softmax": _SOFTMAX,
+    "bp_softmax": _SOFTMAX,
+    "bp_entropy": _SOFTMAX,
+    "bp_token_logprobs": [_U32, _P, _P, _P, _U32, _U32, _F32],
+    "bp_exp": [_U32, _P, _P, _U32],
+    "bp_log": [_U32, _P, _P, _U32],
+}
+
+_lock = threading.Lock()
+_library = []
+
+
+def compiler():
+    return find_compiler("g++")
+
+
+def build(name, sources):
+    """Compile sources with the emulation header, the kernel headers and the runtime into a cached library."""
+    if compiler() is None:
+        raise RuntimeError("no g++ on PATH")
+    return build_shared_library(name, compiler(), [*sources, RUNTIME_SOURCE],
+                                [EMULATION_HEADER, *KERNEL_HEADERS], FLAGS)
+
+
+def library():
+    """The kernels' emulation library, built and loaded once per process."""
+    with _lock:
+        if not _library:
+            lib = ctypes.CDLL(str(build("bitparity_ascend_emulation",
+                                        [*KERNEL_SOURCES, EMULATION_DIR / "launch.cpp"])))
+            for fname, argtypes in _SIGNATURES.items():
+                getattr(lib, fname).argtypes, getattr(lib, fname).restype = argtypes, _INT
+            lib.bp_emulation_last_error.restype = ctypes.c_char_p
+            _library.append(lib)
+    return _library[0]
+
+
+def check(lib, status):
+    if status != 0:
+        raise RuntimeError(f"Ascend C host emulation: {lib.bp_emulation_last_error().decode()}")
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def _dims(x):
+    rows, cols = x.shape
+    if rows * cols >= 2**32 or cols > MAX_ROW:
+        raise ValueError(f"the Ascend C kernels take rows of at most {MAX_ROW} floats and fewer than 2**32 "
+                         f"elements; got {rows} x {cols}")
+    return rows, cols
+
+
+def _blocks(items, blocks):
+    return max(1, min(items, BLOCKS if blocks is None else blocks))
+
+
+def row_op(op, x, other, scale=None, blocks=None):
+    """[R, N] -> [R]: sum (other = mask), logsumexp/entropy (mask, scale), token_logprobs (tokens, scale)."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, dtype=torch.float32)
+    args = [_blocks(rows, blocks), x.data_ptr(), _ptr(other), out.data_ptr(), rows, cols]
+    if op == "token_logprobs":
+        args.append(scale)
+    else:
+        args.append(int(other is not None))
+        if op != "sum":
+            args.append(scale)
+    check(lib, getattr(lib, f"bp_{op}")(*args))
+    return out
+
+
+def map_op(op, x, mask, scale, blocks=None):
+    """[R, N] -> [R, N]: log_softmax, softmax."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, getattr(lib, f"bp_{op}")(_blocks(rows, blocks), x.data_ptr(), _ptr(mask), out.data_ptr(),
+                                         rows, cols, int(mask is not None), scale))
+    return out
+
+
+def elementwise(op, x, blocks=None):
+    """[n] -> [n]: exp, log."""
+    lib = library()
+    n = x.numel()
+    if n >= 2**32:
+        raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {n}")
+    out = torch.empty_like(x)
+    tiles = -(-n // spec.LANES)
+    check(lib, getattr(lib, f"bp_{op}")(_blocks(tiles, blocks), x.data_ptr(), out.data_ptr(), n))
+    return out

@@ -1,0 +1,168 @@
+// torch_npu binding of the Ascend C kernels: torch.ops.bitparity.* on NPU (PrivateUse1) tensors.
+//
+// Written to CANN conventions (the asc-devkit torch.library pattern: kernels
+// launched with <<<blocks, nullptr, stream>>> on the current NPU stream) but
+// NEVER COMPILED OR RUN ON AN NPU in this project: see README.md.
+//
+// This file is compiled as the ASC language (bisheng).  It includes the kernel
+// sources so that kernels and launches are one translation unit: the <<<>>>
+// launches then need no cross-unit device linking (-dc).
+
+#include <torch/extension.h>
+
+#include "torch_npu/csrc/core/npu/NPUStream.h"
+#include "kernel_operator.h"
+
+#include "../kernels/elementwise.cpp"
+#include "../kernels/reduce.cpp"
+#include "../kernels/softmax.cpp"
+
+namespace bitparity_npu {
+
+// Vector cores of an Atlas 800T A2 (910B3; a 910B1/B2 has 48).  Using fewer
+// cores than the chip has costs time, never bits: each row is computed by one
+// core in the spec's order.
+constexpr int64_t MAX_BLOCKS = 40;
+
+uint32_t Blocks(int64_t items) { return static_cast<uint32_t>(std::max<int64_t>(1, std::min(items, MAX_BLOCKS))); }
+
+// stream(true) flushes torch_npu's task queue first, so the launch is ordered
+// after the work torch_npu has queued but not yet submitted.
+aclrtStream Stream() { return c10_npu::getCurrentNPUStream().stream(true); }
+
+GM_ADDR Gm(const at::Tensor& t) { return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr())); }
+
+void CheckX(const at::Tensor& x, int64_t dim)
+{
+    TORCH_CHECK(x.device().type() == c10::DeviceType::PrivateUse1, "bitparity (ascend): x must be an NPU tensor");
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == dim && x.is_contiguous(),
+                "bitparity (ascend): x must be a contiguous float32 tensor of dimension ", dim);
+    TORCH_CHECK(x.numel() < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+    TORCH_CHECK(dim == 1 || x.size(1) <= int64_t(bitparity::MAX_SEGMENTS) * bitparity::SEGMENT,
+                "bitparity (ascend): rows of at most ", int64_t(bitparity::MAX_SEGMENTS) * bitparity::SEGMENT,
+                " floats");
+}
+
+GM_ADDR MaskAddress(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
+{
+    if (!mask.has_value()) {
+        return nullptr;
+    }
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->sizes() == x.sizes() && mask->is_contiguous() &&
+                    mask->device() == x.device(),
+                "bitparity (ascend): mask must be a contiguous bool tensor shaped like x, on x's device");
+    return Gm(*mask);
+}
+
+float Scale(double scale)
+{
+    // The contract passes the float32 inverse temperature as a Python float: exact in float.
+    return static_cast<float>(scale);
+}
+
+at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty({rows}, x.options());
+    bitparity_sum<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                        mask.has_value());
+    return out;
+}
+
+at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty({rows}, x.options());
+    bitparity_logsumexp<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                              mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty_like(x);
+    bitparity_log_softmax<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                                mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty_like(x);
+    bitparity_softmax<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                            mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty({rows}, x.options());
+    bitparity_entropy<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                            mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double scale)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.dim() == 1 && tokens.size(0) == rows &&
+                    tokens.is_contiguous() && tokens.device() == x.device(),
+                "bitparity (ascend): tokens must be a contiguous int64 tensor [rows] on x's device");
+    at::Tensor out = at::empty({rows}, x.options());
+    bitparity_token_logprobs<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), Gm(tokens), Gm(out), rows, cols,
+                                                                   Scale(scale));
+    return out;
+}
+
+at::Tensor ExpOp(const at::Tensor& x)
+{
+    CheckX(x, 1);
+    at::Tensor out = at::empty_like(x);
+    const int64_t n = x.numel();
+    bitparity_exp<<<Blocks((n + bitparity::LANES - 1) / bitparity::LANES), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    return out;
+}
+
+at::Tensor LogOp(const at::Tensor& x)
+{
+    CheckX(x, 1);
+    at::Tensor out = at::empty_like(x);
+    const int64_t n = x.numel();
+    bitparity_log<<<Blocks((n + bitparity::LANES - 1) / bitparity::LANES), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    return out;
+}
+
+}  // namespace bitparity_npu
+
+TORCH_LIBRARY(bitparity, m)
+{
+    m.def("sum(Tensor x, Tensor? mask) -> Tensor");
+    m.def("logsumexp(Tensor x, Tensor? mask, float scale) -> Tensor");
+    m.def("log_softmax(Tensor x, Tensor? mask, float scale) -> Tensor");
+    m.def("softmax(Tensor x, Tensor? mask, float scale) -> Tensor");
+    m.def("entropy(Tensor x, Tensor? mask, float scale) -> Tensor");
+    m.def("token_logprobs(Tensor x, Tensor tokens, float scale) -> Tensor");
+    m.def("exp(Tensor x) -> Tensor");
+    m.def("log(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(bitparity, PrivateUse1, m)
+{
+    m.impl("sum", TORCH_FN(bitparity_npu::SumOp));
+    m.impl("logsumexp", TORCH_FN(bitparity_npu::LogsumexpOp));
+    m.impl("log_softmax", TORCH_FN(bitparity_npu::LogSoftmaxOp));
+    m.impl("softmax", TORCH_FN(bitparity_npu::SoftmaxOp));
+    m.impl("entropy", TORCH_FN(bitparity_npu::EntropyOp));
+    m.impl("token_logprobs", TORCH_FN(bitparity_npu::TokenLogprobsOp));
+    m.impl("exp", TORCH_FN(bitparity_npu::ExpOp));
+    m.impl("log", TORCH_FN(bitparity_npu::LogOp));
+}

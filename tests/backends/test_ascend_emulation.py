@@ -1,0 +1,405 @@
+"""The Ascend C host emulation: that it enforces the A2 constraints it claims, and what only this backend has.
+
+The emulation is a test double for an Atlas A2 AI core, not an NPU.  Its value
+rests on refusing what the hardware would get wrong, so each constraint has a
+tiny deliberately broken kernel below that must fail with the right message,
+next to a well-formed kernel that must pass.  The kernel sources are also
+checked for vendor math instructions, and the generated constants header for
+drift from spec.py.
+"""
+
+import ctypes
+import re
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from bitparity.backends import ascend
+from bitparity.backends.ascend import host_emulation, npu_ops, spec_header
+from bitparity.reference import canonical
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+# Vendor instructions (and high-level APIs) whose rounding or reduction order is the vendor's, not the spec's.
+FORBIDDEN = ("Exp", "Exp2", "Ln", "Log", "Log2", "Log10", "Div", "Divs", "Reciprocal", "Sqrt", "Rsqrt", "Power",
+             "ReduceSum", "WholeReduceSum", "BlockReduceSum", "ReduceRepeat", "FusedMulAdd", "FusedMulAddRelu",
+             "Axpy", "MulAddDst", "MulAddRelu", "SoftMax", "LogSoftMax", "SimpleSoftMax", "Sum")
+FORBIDDEN_CALL = re.compile(r"(?<![A-Za-z0-9_])(?:AscendC::)?(" + "|".join(FORBIDDEN) + r")\s*[(<]")
+
+
+def _strip_comments(text):
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+
+
+def test_kernels_call_no_vendor_math():
+    sources = host_emulation.KERNEL_SOURCES + host_emulation.KERNEL_HEADERS
+    assert {p.name for p in sources} >= {"canonical.h", "reduce.cpp", "softmax.cpp", "elementwise.cpp"}
+    found = [f"{p.name}: {m.group(0)}" for p in sources
+             for m in FORBIDDEN_CALL.finditer(_strip_comments(p.read_text()))]
+    assert not found, f"vendor instructions in the canonical path: {found}"
+
+
+def test_forbidden_pattern_catches_vendor_calls():
+    vendor = ("AscendC::Exp(y, x, n);", "Ln(y, x, n)", "AscendC::ReduceSum<float>(a, b, c, n);", "Axpy (a, b, s, n)")
+    for call in vendor:
+        assert FORBIDDEN_CALL.search(call), call
+    for call in ("CanonicalExp(y, x, w, b, n);", "CanonicalReciprocal(r, s, w, n)", "TreeSum(acc, w)"):
+        assert not FORBIDDEN_CALL.search(call), call
+
+
+def test_spec_constants_header_is_generated_from_spec():
+    assert spec_header.HEADER.read_text() == spec_header.render(), (
+        "kernels/spec_constants.h is stale: run python -m bitparity.backends.ascend.spec_header")
+
+
+# ---- Deliberately broken kernels ------------------------------------------------------
+
+MISUSE_SOURCE = r"""
+#include "kernel_operator.h"
+
+using namespace AscendC;
+
+namespace {
+
+constexpr uint32_t N = 64;
+float gmIn[4 * N];
+float gmOut[4 * N];
+
+template <typename Body>
+int Run(Body body) { return bp_emulation::Launch(1, body); }
+
+struct Pipeline {
+    TPipe pipe;
+    TQue<TPosition::VECIN, 1> in;
+    TQue<TPosition::VECOUT, 1> out;
+    GlobalTensor<float> src, dst;
+    Pipeline() {
+        pipe.InitBuffer(in, 1, N * sizeof(float));
+        pipe.InitBuffer(out, 1, N * sizeof(float));
+        src.SetGlobalBuffer(gmIn, 4 * N);
+        dst.SetGlobalBuffer(gmOut, 4 * N);
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+int well_formed() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopy(x, p.src, N);
+        p.in.EnQue(x);
+        x = p.in.DeQue<float>();
+        LocalTensor<float> y = p.out.AllocTensor<float>();
+        Adds(y, x, 1.0f, N);
+        p.out.EnQue(y);
+        p.in.FreeTensor(x);
+        y = p.out.DeQue<float>();
+        DataCopy(p.dst, y, N);
+        p.out.FreeTensor(y);
+    });
+}
+
+int misaligned_ub_copy() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopy(x[4], p.src, 8);
+        p.in.FreeTensor(x);
+    });
+}
+
+int ragged_copy() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopy(x, p.src, 10);
+        p.in.FreeTensor(x);
+    });
+}
+
+int ub_overflow() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> a, b;
+        pipe.InitBuffer(a, 120 * 1024);
+        pipe.InitBuffer(b, 70 * 1024);
+    });
+}
+
+int too_many_queue_buffers() {
+    return Run([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> a, b;
+        pipe.InitBuffer(a, 5, 256);
+        pipe.InitBuffer(b, 4, 256);
+    });
+}
+
+int deque_before_enque() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        LocalTensor<float> y = p.in.DeQue<float>();
+        p.in.FreeTensor(x);
+        (void)y;
+    });
+}
+
+int alloc_beyond_buffers() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        LocalTensor<float> y = p.in.AllocTensor<float>();
+        p.in.FreeTensor(x);
+        p.in.FreeTensor(y);
+    });
+}
+
+int enque_beyond_depth() {
+    return Run([] {
+        TPipe pipe;
+        TQue<TPosition::VECIN, 1> q;
+        pipe.InitBuffer(q, 2, N * sizeof(float));
+        LocalTensor<float> x = q.AllocTensor<float>();
+        LocalTensor<float> y = q.AllocTensor<float>();
+        q.EnQue(x);
+        q.EnQue(y);
+    });
+}
+
+int double_free() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        p.in.FreeTensor(x);
+        p.in.FreeTensor(x);
+    });
+}
+
+int free_foreign_tensor() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> y = p.out.AllocTensor<float>();
+        p.in.FreeTensor(y);
+    });
+}
+
+int leak() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        (void)x;
+    });
+}
+
+int vector_read_before_deque() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopy(x, p.src, N);
+        LocalTensor<float> y = p.out.AllocTensor<float>();
+        Adds(y, x, 1.0f, N);
+        p.in.FreeTensor(x);
+        p.out.FreeTensor(y);
+    });
+}
+
+int local_out_of_bounds() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, N * sizeof(float));
+        LocalTensor<float> t = buf.Get<float>();
+        Duplicate(t, 0.0f, 2 * N);
+    });
+}
+
+int partial_overlap() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, 4 * N * sizeof(float));
+        LocalTensor<float> t = buf.Get<float>();
+        Duplicate(t, 1.0f, 4 * N);
+        Add(t[8], t, t, N);
+    });
+}
+
+int compare_partial_repeat() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf, bits;
+        pipe.InitBuffer(buf, N * sizeof(float));
+        pipe.InitBuffer(bits, N / 8);
+        LocalTensor<float> t = buf.Get<float>();
+        Duplicate(t, 1.0f, N);
+        Compares(bits.Get<uint8_t>(), t, 0.0f, CMPMODE::LT, 32);
+    });
+}
+
+int scalar_read_without_sync() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, N * sizeof(float));
+        LocalTensor<float> t = buf.Get<float>();
+        Duplicate(t, 1.0f, N);
+        (void)t.GetValue(0);
+    });
+}
+
+int vector_after_scalar_without_sync() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> buf;
+        pipe.InitBuffer(buf, N * sizeof(float));
+        LocalTensor<float> t = buf.Get<float>();
+        t.SetValue(0, 1.0f);
+        Duplicate(t, 1.0f, N);
+    });
+}
+
+int wait_without_set() {
+    return Run([] {
+        TPipe pipe;
+        WaitFlag<HardEvent::V_S>(0);
+    });
+}
+
+int set_without_wait() {
+    return Run([] {
+        TPipe pipe;
+        SetFlag<HardEvent::S_V>(1);
+    });
+}
+
+int copy_out_before_enque() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> y = p.out.AllocTensor<float>();
+        Duplicate(y, 1.0f, N);
+        DataCopy(p.dst, y, N);
+        p.out.FreeTensor(y);
+    });
+}
+
+}  // extern "C"
+"""
+
+MISUSES = {
+    "misaligned_ub_copy": r"not 32-byte aligned",
+    "ragged_copy": r"not a multiple of 32 bytes",
+    "ub_overflow": r"Unified Buffer",
+    "too_many_queue_buffers": r"more than 8 queue buffers",
+    "deque_before_enque": r"DeQue before EnQue",
+    "alloc_beyond_buffers": r"buffers are in use",
+    "enque_beyond_depth": r"beyond its depth",
+    "double_free": r"not allocated",
+    "free_foreign_tensor": r"did not allocate",
+    "leak": r"leaked",
+    "vector_read_before_deque": r"DeQue",
+    "local_out_of_bounds": r"needs 128 elements",
+    "partial_overlap": r"partially overlaps",
+    "compare_partial_repeat": r"256-byte repeats",
+    "scalar_read_without_sync": r"HardEvent::V_S",
+    "vector_after_scalar_without_sync": r"HardEvent::S_V",
+    "wait_without_set": r"waits forever",
+    "set_without_wait": r"never waited for",
+    "copy_out_before_enque": r"enqueued and dequeued",
+}
+
+
+@pytest.fixture(scope="module")
+def misuse(tmp_path_factory):
+    source = tmp_path_factory.mktemp("ascend") / "ascend_misuse_kernels.cpp"
+    source.write_text(MISUSE_SOURCE)
+    lib = ctypes.CDLL(str(host_emulation.build("bitparity_ascend_misuse", [source])))
+    lib.bp_emulation_last_error.restype = ctypes.c_char_p
+
+    def run(name):
+        status = getattr(lib, name)()
+        return status, lib.bp_emulation_last_error().decode()
+    return run
+
+
+def test_well_formed_kernel_passes(misuse):
+    assert misuse("well_formed") == (0, "")
+
+
+@pytest.mark.parametrize("name", sorted(MISUSES))
+def test_broken_kernel_fails(misuse, name):
+    status, message = misuse(name)
+    assert status == 1, f"{name} ran without error"
+    assert re.search(MISUSES[name], message), message
+
+
+# ---- Properties of this backend --------------------------------------------------
+
+def _bits(t):
+    t = t.clone()
+    t[t.isnan()] = float("nan")
+    return t.view(torch.int32)
+
+
+def _case(rows, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, generator=g) * 4
+    x[0, : n // 3] = float("-inf")
+    mask = torch.rand(rows, n, generator=g) < 0.8
+    mask[-1] = False
+    tokens = torch.randint(0, n, (rows,), generator=g)
+    return x, mask, tokens
+
+
+@pytest.mark.parametrize("n", (70, 16385))
+def test_core_count_changes_no_bit(n):
+    """Rows are split over however many AI cores run; each row's bits must not move."""
+    x, mask, tokens = _case(9, n, seed=n)
+    scale = float(torch.tensor(1 / 0.7, dtype=torch.float32))
+    runs = {}
+    for blocks in (1, 4, 9, 40):
+        runs[blocks] = [
+            host_emulation.row_op("sum", x, mask, blocks=blocks),
+            host_emulation.row_op("logsumexp", x, mask, scale, blocks=blocks),
+            host_emulation.row_op("entropy", x, None, scale, blocks=blocks),
+            host_emulation.row_op("token_logprobs", x, tokens, scale, blocks=blocks),
+            host_emulation.map_op("log_softmax", x, mask, scale, blocks=blocks),
+            host_emulation.map_op("softmax", x, None, scale, blocks=blocks),
+            host_emulation.elementwise("exp", x.flatten(), blocks=blocks),
+        ]
+    for blocks, results in runs.items():
+        for got, want in zip(results, runs[1]):
+            assert torch.equal(_bits(got), _bits(want)), f"{blocks} cores differ from 1"
+
+
+@pytest.mark.parametrize("n", (1, 129, 1100, 16385))
+def test_emulated_kernels_give_the_canonical_bits(n):
+    """A quick self-check of every op; tests/backends/test_bit_identity.py is the full comparison."""
+    x, mask, tokens = _case(3, n, seed=7 * n)
+    xs, ms = x.numpy(), mask.numpy()
+    with np.errstate(all="ignore"):
+        for op in ("logsumexp", "entropy"):
+            want = torch.from_numpy(getattr(canonical, op)(xs, ms, 0.5))
+            assert torch.equal(_bits(host_emulation.row_op(op, x, mask, 0.5)), _bits(want)), op
+        for op in ("log_softmax", "softmax"):
+            want = torch.from_numpy(getattr(canonical, op)(xs, ms, 0.5))
+            assert torch.equal(_bits(host_emulation.map_op(op, x, mask, 0.5)), _bits(want)), op
+        want = torch.from_numpy(canonical.sum(xs, ms))
+        assert torch.equal(_bits(host_emulation.row_op("sum", x, mask)), _bits(want))
+        want = torch.from_numpy(canonical.token_logprobs(xs, tokens.numpy(), 2.0))
+        assert torch.equal(_bits(host_emulation.row_op("token_logprobs", x, tokens, 2.0)), _bits(want))
+        flat = x.flatten()
+        for op in ("exp", "log"):
+            want = torch.from_numpy(getattr(canonical, op)(flat.numpy()))
+            assert torch.equal(_bits(host_emulation.elementwise(op, flat)), _bits(want)), op
+
+
+def test_availability_says_what_runs():
+    available, reason = ascend.availability()
+    assert available, reason
+    assert ("on the NPU" in reason) if npu_ops.npu_present() else ("a test double: not an NPU" in reason)
