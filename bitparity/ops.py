@@ -166,6 +166,15 @@ def _f32(value):
     return None if value is None else float(np.float32(value))
 
 
+def _positive_bound(name, value):
+    """A clamp bound: finite, > 0 and still a normal float32 once rounded, so min/max never
+    see a tie between +0.0 and -0.0 (spec 16)."""
+    value = _real(name, value, low=0.0, low_open=True, allow_none=True)
+    if value is not None and not np.finfo(np.float32).tiny <= np.float32(value) < np.inf:
+        raise ValueError(f"{name} must round to a normal float32 (1.18e-38 to 3.4e38); got {value}")
+    return value
+
+
 def _check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
@@ -234,8 +243,8 @@ def kl_penalty(logp, ref_logp, kind, *, clamp=None, log_ratio_clamp=None, backen
     _check_float_tensor("logp", logp, 0)
     _check_same_shape("ref_logp", ref_logp, "logp", logp)
     _check_choice("kind", kind, KL_KINDS)
-    clamp = _real("clamp", clamp, low=0.0, low_open=True, allow_none=True)
-    log_ratio_clamp = _real("log_ratio_clamp", log_ratio_clamp, low=0.0, low_open=True, allow_none=True)
+    clamp = _positive_bound("clamp", clamp)
+    log_ratio_clamp = _positive_bound("log_ratio_clamp", log_ratio_clamp)
     flat = [t.reshape(-1).to(torch.float32).contiguous() for t in (logp, ref_logp)]
     out = _call("kl_penalty", backend, *flat, kind, _f32(clamp), _f32(log_ratio_clamp))
     return out.reshape(logp.shape)
@@ -288,11 +297,12 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high
     _check_same_shape("advantages", advantages, "logp", logp)
     rows_mask = _required_mask(mask, logp)
     clip_low = _real("clip_low", clip_low, low=0.0, high=1.0)
-    if clip_low == 1.0:
-        raise ValueError("clip_low must be in [0, 1): a ratio floor of 0 clips nothing from below; got 1.0")
+    if np.float32(clip_low) >= 1.0:
+        raise ValueError(f"clip_low must be in [0, 1) after rounding to float32 (the ratio floor "
+                         f"1 - clip_low must stay > 0); got {clip_low}")
     clip_high = _real("clip_high", clip_high, low=0.0)
     dual_clip = _real("dual_clip", dual_clip, low=1.0, low_open=True, allow_none=True)
-    ratio_clamp = _real("ratio_clamp", ratio_clamp, low=0.0, low_open=True, allow_none=True)
+    ratio_clamp = _positive_bound("ratio_clamp", ratio_clamp)
     _check_choice("agg", agg, PPO_AGGS)
     one = np.float32(1.0)
     low, high = float(one - np.float32(clip_low)), float(one + np.float32(clip_high))

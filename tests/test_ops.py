@@ -225,6 +225,8 @@ def test_kl_penalty_rejects_bad_input():
     for name in ("clamp", "log_ratio_clamp"):
         with pytest.raises(ValueError, match=rf"{name} must be finite and in \(0.0, inf\)"):
             bp.kl_penalty(R, R, "k3", **{name: 0.0})
+        with pytest.raises(ValueError, match=rf"{name} must round to a normal float32"):
+            bp.kl_penalty(R, R, "k3", **{name: 1e-50})
 
 
 def test_ppo_policy_loss_rejects_bad_input():
@@ -236,6 +238,8 @@ def test_ppo_policy_loss_rejects_bad_input():
         bp.ppo_policy_loss(R, R, R, M, clip_low=-0.1)
     with pytest.raises(ValueError, match=r"clip_low must be in \[0, 1\)"):
         bp.ppo_policy_loss(R, R, R, M, clip_low=1.0)
+    with pytest.raises(ValueError, match=r"clip_low must be in \[0, 1\) after rounding"):
+        bp.ppo_policy_loss(R, R, R, M, clip_low=0.999999999)
     with pytest.raises(ValueError, match=r"clip_high must be finite and in \[0.0, inf\)"):
         bp.ppo_policy_loss(R, R, R, M, clip_high=float("inf"))
     with pytest.raises(ValueError, match=r"dual_clip must be finite and in \(1.0, inf\)"):

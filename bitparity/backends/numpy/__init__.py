@@ -22,7 +22,8 @@ def _np(t):
 
 
 def _torch(a):
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    a = np.asarray(a, dtype=np.float32)
+    return torch.from_numpy(a.copy() if a.ndim == 0 else np.ascontiguousarray(a))   # keeps 0-d results 0-d
 
 
 def _quiet(fn):

@@ -1,0 +1,280 @@
+"""The `cpu` backend: the canonical order (docs/spec.md) in compiled C on torch CPU tensors.
+
+canonical.c computes the bits of reference/canonical.py in two or three passes
+over memory instead of one numpy pass per float32 operation.  It is built once
+per machine by backends/_build.py (cached by source, flags and compiler) and
+called through ctypes on the tensors' own memory; rows (for the RL
+reductions, (row, segment) pairs; for GAE, sequences) are split over
+torch.get_num_threads() OpenMP threads.
+
+Instruction sets: canonical.c is built for the widest of AVX-512F, AVX2 and the
+baseline that this CPU runs, asked at run time (cpu_features.c).  The width
+cannot change a bit: the loops are element-wise, so 4, 8 or 16 lanes perform
+the same IEEE add/mul/compare/select/int operations on the same operands as
+scalar code, and no FMA is emitted (-ffp-contract=off, and no -mfma).
+build(level) gives any build this CPU runs, so a test can check each one
+against the numpy backend, and Build.path is its library, to disassemble.
+"""
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+import torch
+
+from ... import spec
+from .._build import build_shared_library, find_compiler
+
+NAME = "cpu"
+
+_HERE = Path(__file__).resolve().parent
+
+# Added to _build.COMMON_FLAGS (-O2 -ffp-contract=off -fno-fast-math): no FMA, no reassociation.
+# -O3 vectorises.  -fno-trapping-math lets gcc if-convert the selects (evaluate
+# both arms, then blend); without it the exp/log loops stay scalar.  It changes
+# no value, only whether a speculated operation may raise a floating-point
+# exception flag, which nothing here reads.
+FLAGS = ("-std=c99", "-O3", "-fno-trapping-math", "-fopenmp", "-Wall", "-Wextra")
+
+# ISA level reported by cpu_features.c -> (name, extra flags)
+ISA_BUILDS = {
+    2: ("AVX-512F", ("-mavx512f",)),
+    1: ("AVX2", ("-mavx2",)),
+    0: ("baseline", ()),
+}
+
+
+def _spec_defines():
+    """spec.py's constants as -D macros, so canonical.c holds no copy of them to drift."""
+    counts = {"LANES": spec.LANES, "SEGMENT": spec.SEGMENT, "RECIP_NEWTON_STEPS": spec.RECIP_NEWTON_STEPS,
+              "RSQRT_NEWTON_STEPS": spec.RSQRT_NEWTON_STEPS}
+    patterns = {name: getattr(spec, name) for name in dir(spec)
+                if name.endswith("_BITS") and isinstance(getattr(spec, name), int)}
+    patterns["RECIP_MAGIC"] = spec.RECIP_MAGIC
+    patterns["RSQRT_MAGIC"] = spec.RSQRT_MAGIC
+    patterns.update({f"EXP_P{i}": b for i, b in enumerate(spec.EXP_POLY_BITS)})
+    patterns.update({f"LOG_P{i}": b for i, b in enumerate(spec.LOG_POLY_BITS)})
+    patterns.update({f"K3_P{i}": b for i, b in enumerate(spec.K3_SERIES_BITS)})
+    return (tuple(f"-DBP_{k}={v}" for k, v in sorted(counts.items()))
+            + tuple(f"-DBP_{k}=0x{v:08X}u" for k, v in sorted(patterns.items())))
+
+
+_P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_ROW_OP = ([_P, _P, _I64, _I64, _F32, _P, _INT], _INT)   # x, mask|tokens, rows, n, scale, out, threads
+_SIGNATURES = {
+    "bp_sum": ([_P, _P, _I64, _I64, _P, _INT], _INT),
+    "bp_logsumexp": _ROW_OP,
+    "bp_log_softmax": _ROW_OP,
+    "bp_softmax": _ROW_OP,
+    "bp_entropy": _ROW_OP,
+    "bp_token_logprobs": _ROW_OP,
+    "bp_exp": ([_P, _I64, _P, _INT], None),
+    "bp_log": ([_P, _I64, _P, _INT], None),
+    # x, mask, rows, n, out, threads
+    "bp_masked_mean": ([_P, _P, _I64, _I64, _P, _INT], _INT),
+    # x, mask, rows, n, shift_mean, unbiased, eps, out, threads
+    "bp_masked_whiten": ([_P, _P, _I64, _I64, _INT, _INT, _F32, _P, _INT], _INT),
+    # logp, ref_logp, n, kind, clamp, log_ratio_clamp, out, threads
+    "bp_kl_penalty": ([_P, _P, _I64, _INT, _F32, _F32, _P, _INT], None),
+    # rewards, values, mask, bootstrap, B, T, gamma, gamma_lambda, zero_mode, adv, ret, threads
+    "bp_gae": ([_P, _P, _P, _P, _I64, _I64, _F32, _F32, _INT, _P, _P, _INT], None),
+    # logp, old_logp, advantages, mask, B, T, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, result[2], threads
+    "bp_ppo_policy_loss": ([_P, _P, _P, _P, _I64, _I64, _F32, _F32, _F32, _F32, _INT, _P, _INT], _INT),
+}
+
+# The C enums kl_kind and ppo_agg.
+_KL_KINDS = {"k1": 0, "k2": 1, "k3": 2, "abs": 3}
+_PPO_AGGS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2}
+
+
+def _unset_is_inf(value):
+    """An optional clamp bound for canonical.c: None becomes +inf, a clamp that changes no value (NaN included)."""
+    return float("inf") if value is None else value
+
+
+def _compiler():
+    compiler = find_compiler("gcc")
+    if compiler is None:
+        raise RuntimeError("no gcc on PATH")
+    return compiler
+
+
+@functools.cache
+def isa_level():
+    """The widest ISA_BUILDS level this CPU runs."""
+    path = build_shared_library("bitparity_cpu_features", _compiler(),
+                                [_HERE / "cpu_features.c"], [], ("-std=c99",))
+    return int(ctypes.CDLL(str(path)).bp_isa_level())
+
+
+def _per_row(x):
+    return torch.empty(x.shape[0], dtype=torch.float32)
+
+
+def _check(status):
+    if status != 0:
+        raise MemoryError("cpu backend: could not allocate scratch")
+
+
+class Build:
+    """The contract ops computed by one ISA build of canonical.c (built on first use)."""
+
+    def __init__(self, level):
+        self.level = level
+        self.isa, isa_flags = ISA_BUILDS[level]
+        self.flags = FLAGS + isa_flags + _spec_defines()
+        self.path = build_shared_library(f"bitparity_cpu_{self.isa.lower().replace('-', '')}",
+                                         _compiler(), [_HERE / "canonical.c"], [], self.flags)
+        self._lib = ctypes.CDLL(str(self.path))
+        for fname, (argtypes, restype) in _SIGNATURES.items():
+            fn = getattr(self._lib, fname)
+            fn.argtypes, fn.restype = argtypes, restype
+
+    def _rows(self, fname, out, x, other, *scale):
+        """Run a row op into out (f32[R] or f32[R, N]); other is the mask (or None) or the tokens."""
+        rows, n = x.shape
+        _check(getattr(self._lib, fname)(x.data_ptr(), None if other is None else other.data_ptr(),
+                                         rows, n, *scale, out.data_ptr(), torch.get_num_threads()))
+        return out
+
+    def _elementwise(self, fname, x):
+        out = torch.empty_like(x)
+        getattr(self._lib, fname)(x.data_ptr(), x.numel(), out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def sum(self, x, mask):  # noqa: A003 - the op's public name
+        return self._rows("bp_sum", _per_row(x), x, mask)
+
+    def logsumexp(self, x, mask, scale):
+        return self._rows("bp_logsumexp", _per_row(x), x, mask, scale)
+
+    def log_softmax(self, x, mask, scale):
+        return self._rows("bp_log_softmax", torch.empty_like(x), x, mask, scale)
+
+    def softmax(self, x, mask, scale):
+        return self._rows("bp_softmax", torch.empty_like(x), x, mask, scale)
+
+    def entropy(self, x, mask, scale):
+        return self._rows("bp_entropy", _per_row(x), x, mask, scale)
+
+    def token_logprobs(self, x, tokens, scale):
+        return self._rows("bp_token_logprobs", _per_row(x), x, tokens, scale)
+
+    def exp(self, x):
+        return self._elementwise("bp_exp", x)
+
+    def log(self, x):
+        return self._elementwise("bp_log", x)
+
+    def masked_mean(self, x, mask):
+        return self._rows("bp_masked_mean", _per_row(x), x, mask)
+
+    def masked_whiten(self, x, mask, shift_mean, unbiased, eps):
+        out = torch.empty_like(x)
+        rows, n = x.shape
+        _check(self._lib.bp_masked_whiten(x.data_ptr(), mask.data_ptr(), rows, n, shift_mean, unbiased, eps,
+                                          out.data_ptr(), torch.get_num_threads()))
+        return out
+
+    def kl_penalty(self, logp, ref_logp, kind, clamp, log_ratio_clamp):
+        out = torch.empty_like(logp)
+        self._lib.bp_kl_penalty(logp.data_ptr(), ref_logp.data_ptr(), logp.numel(), _KL_KINDS[kind],
+                                _unset_is_inf(clamp), _unset_is_inf(log_ratio_clamp), out.data_ptr(),
+                                torch.get_num_threads())
+        return out
+
+    def gae(self, rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+        adv, ret = torch.empty_like(rewards), torch.empty_like(rewards)
+        b, t = rewards.shape
+        self._lib.bp_gae(rewards.data_ptr(), values.data_ptr(), mask.data_ptr(), bootstrap.data_ptr(), b, t,
+                         gamma, gamma_lambda, mask_mode == "zero", adv.data_ptr(), ret.data_ptr(),
+                         torch.get_num_threads())
+        return adv, ret
+
+    def ppo_policy_loss(self, logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp,
+                        agg):
+        result = torch.empty(2, dtype=torch.float32)    # (loss, clip fraction)
+        b, t = logp.shape
+        _check(self._lib.bp_ppo_policy_loss(logp.data_ptr(), old_logp.data_ptr(), advantages.data_ptr(),
+                                            mask.data_ptr(), b, t, ratio_low, ratio_high, _unset_is_inf(dual_clip),
+                                            _unset_is_inf(ratio_clamp), _PPO_AGGS[agg], result.data_ptr(),
+                                            torch.get_num_threads()))
+        return result[0].clone(), result[1].clone()
+
+
+_lock = threading.Lock()
+_builds = {}
+
+
+def build(level=None):
+    """The Build for ISA level (default: the widest this CPU runs), compiled and loaded once."""
+    level = isa_level() if level is None else level
+    if level > isa_level():
+        raise ValueError(f"this CPU cannot run the {ISA_BUILDS[level][0]} build")
+    with _lock:
+        if level not in _builds:
+            _builds[level] = Build(level)
+    return _builds[level]
+
+
+def availability():
+    try:
+        isa = build().isa
+    except (RuntimeError, OSError) as err:
+        return False, f"canonical.c could not be built or loaded: {err}"
+    return True, (f"compiled C (gcc -O3 -ffp-contract=off, {isa} build), "
+                  f"{torch.get_num_threads()} threads")
+
+
+def sum(x, mask):  # noqa: A001 - the op's public name
+    return build().sum(x, mask)
+
+
+def logsumexp(x, mask, scale):
+    return build().logsumexp(x, mask, scale)
+
+
+def log_softmax(x, mask, scale):
+    return build().log_softmax(x, mask, scale)
+
+
+def softmax(x, mask, scale):
+    return build().softmax(x, mask, scale)
+
+
+def entropy(x, mask, scale):
+    return build().entropy(x, mask, scale)
+
+
+def token_logprobs(x, tokens, scale):
+    return build().token_logprobs(x, tokens, scale)
+
+
+def exp(x):
+    return build().exp(x)
+
+
+def log(x):
+    return build().log(x)
+
+
+def masked_mean(x, mask):
+    return build().masked_mean(x, mask)
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    return build().masked_whiten(x, mask, shift_mean, unbiased, eps)
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    return build().kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp)
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    return build().gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode)
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    return build().ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip,
+                                   ratio_clamp, agg)

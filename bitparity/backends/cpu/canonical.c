@@ -1,0 +1,843 @@
+/* The canonical float32 order (docs/spec.md) in C99, for the `cpu` backend.
+ *
+ * Every function here computes the same bits as bitparity/reference/canonical.py.
+ * The canonical pieces are written once: lane accumulation + halving tree
+ * (spec 3), segment partials, the NaN-propagating maximum (spec 4), exp
+ * (spec 5), log (spec 6), the reciprocal (spec 7), and for the RL operators
+ * rsqrt (spec 15.2), k3 (spec 16) and the masked mean (spec 15.1), which
+ * whitening and the PPO loss reuse.  Each contract op is one exported function
+ * over row-major float32 arrays.
+ *
+ * Why the bits cannot depend on the build:
+ *  - Built with -ffp-contract=off -fno-fast-math: every a*b+c rounds twice and
+ *    gcc may not reassociate, so the source order below IS the evaluation order.
+ *    x86-64 evaluates float in SSE registers (FLT_EVAL_METHOD == 0): no excess
+ *    precision.
+ *  - Loops are written element-wise (lane j of a chunk only ever meets lane j),
+ *    so auto-vectorisation at any width performs the same IEEE operations on
+ *    the same operands as the scalar loop.  Selects are C conditionals; gcc
+ *    keeps their exact meaning when it vectorises them (a blend, or a max/min
+ *    instruction only where its NaN and signed-zero rules are the
+ *    conditional's).  -fno-trapping-math is what lets it if-convert them
+ *    (evaluate both arms, then blend); it changes no value, only whether a
+ *    speculated operation may raise an exception flag, which nothing reads.
+ *  - Rows are independent, so splitting rows over threads cannot change a bit.
+ *    The RL reductions split (row, segment) pairs instead: each segment's
+ *    partial is computed alone and then folded by the canonical partial tree,
+ *    so that split cannot change a bit either.  GAE's recurrence runs in
+ *    order within a sequence; sequences are split over threads.
+ *
+ * Bit reinterpretation goes through memcpy: copying an object representation
+ * is defined behaviour in C99 (6.5p7 forbids reading a float through a
+ * uint32_t lvalue; memcpy copies bytes instead), and gcc compiles a 4-byte
+ * memcpy to a register move, so it vectorises like a cast.
+ * Integer arithmetic that may wrap is done in uint32_t (defined modulo 2^32);
+ * left shifts are of uint32_t.  Two gcc-defined behaviours are used, as gcc
+ * documents them ("Integers implementation", gcc manual): converting a uint32_t
+ * above INT32_MAX to int32_t wraps modulo 2^32, and >> of a negative int32_t
+ * shifts in sign bits.  numpy's int32 ops behave the same way.
+ *
+ * Constants come from bitparity/spec.py as -D macros (see __init__.py), so
+ * there is no copy of them here to drift; the build cache key hashes them.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
+ALWAYS_INLINE float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+
+#define NEG_ZERO float_of(BP_NEG_ZERO_BITS)
+#define POS_INF float_of(0x7F800000u)
+#define NEG_INF float_of(0xFF800000u)
+#define NAN_F32 float_of(0x7FC00000u)
+
+static int64_t next_pow2(int64_t n)
+{
+    int64_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+/* -- exp (spec 5) ---------------------------------------------------------- */
+
+/* Cody-Waite reduction x = k ln2 + r, Cephes polynomial, scaling by 2^k as two
+ * multiplies by 2^(k>>1) and 2^(k-(k>>1)), specials by select. */
+ALWAYS_INLINE float canonical_exp(float x)
+{
+    const float magic = float_of(BP_ROUND_MAGIC_BITS);
+    float xc = x > float_of(BP_EXP_CLAMP_LO_BITS) ? x : float_of(BP_EXP_CLAMP_LO_BITS);
+    xc = xc < float_of(BP_EXP_CLAMP_HI_BITS) ? xc : float_of(BP_EXP_CLAMP_HI_BITS);
+    float t = xc * float_of(BP_LOG2E_BITS) + magic;          /* round(x / ln2) in t's low bits */
+    int32_t k = (int32_t)(bits_of(t) - BP_ROUND_MAGIC_BITS); /* |k| <= 150 for non-NaN x */
+    float kf = t - magic;                                    /* k as a float32, exact */
+    float r = (xc - kf * float_of(BP_LN2_HI_BITS)) - kf * float_of(BP_LN2_LO_BITS);
+    float p = float_of(BP_EXP_P0);
+    p = p * r + float_of(BP_EXP_P1);
+    p = p * r + float_of(BP_EXP_P2);
+    p = p * r + float_of(BP_EXP_P3);
+    p = p * r + float_of(BP_EXP_P4);
+    p = p * r + float_of(BP_EXP_P5);
+    float y = (p * (r * r) + r) + 1.0f;
+    int32_t k1 = k >> 1;                                     /* floor(k / 2) */
+    int32_t k2 = k - k1;
+    y = (y * float_of((uint32_t)(k1 + 127) << 23)) * float_of((uint32_t)(k2 + 127) << 23);
+    y = x > float_of(BP_EXP_HI_BITS) ? POS_INF : y;
+    y = x <= float_of(BP_EXP_LO_BITS) ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+/* -- log (spec 6) ---------------------------------------------------------- */
+
+/* Subnormals scaled by 2^23, mantissa reduced to [sqrt(1/2), sqrt(2)) with int
+ * ops, Cephes polynomial, specials by select. */
+ALWAYS_INLINE float canonical_log(float x)
+{
+    int subnormal = x < float_of(BP_MIN_NORMAL_BITS);       /* also zero and negatives: selected away */
+    float xs = subnormal ? x * float_of(BP_LOG_SUBNORMAL_SCALE_BITS) : x;
+    uint32_t ix = bits_of(xs);
+    int32_t e = (int32_t)(ix - BP_LOG_SQRTHALF_BITS) >> 23;
+    float m = float_of(ix - ((uint32_t)e << 23));
+    float f = m - 1.0f;                                      /* exact (Sterbenz) */
+    float ef = (float)(e - (subnormal ? 23 : 0));            /* exact: |e| < 2^24 */
+    float z = f * f;
+    float y = float_of(BP_LOG_P0);
+    y = y * f + float_of(BP_LOG_P1);
+    y = y * f + float_of(BP_LOG_P2);
+    y = y * f + float_of(BP_LOG_P3);
+    y = y * f + float_of(BP_LOG_P4);
+    y = y * f + float_of(BP_LOG_P5);
+    y = y * f + float_of(BP_LOG_P6);
+    y = y * f + float_of(BP_LOG_P7);
+    y = y * f + float_of(BP_LOG_P8);
+    y = (y * f) * z;
+    y = y + ef * float_of(BP_LOG_LN2_LO_BITS);
+    y = y - float_of(BP_HALF_BITS) * z;
+    float out = (f + y) + ef * float_of(BP_LOG_LN2_HI_BITS);
+    out = x == POS_INF ? POS_INF : out;
+    out = x == 0.0f ? NEG_INF : out;
+    out = x < 0.0f ? NAN_F32 : out;
+    return x != x ? x : out;
+}
+
+/* -- reciprocal (spec 7) --------------------------------------------------- */
+
+ALWAYS_INLINE void veltkamp_split(float a, float *hi, float *lo)
+{
+    float c = float_of(BP_SPLIT_BITS) * a;
+    *hi = c - (c - a);
+    *lo = a - *hi;
+}
+
+/* 1/s for a softmax denominator: magic initial guess, Newton steps, then one
+ * correction whose residual 1 - s*r is computed exactly (Dekker product). */
+static float canonical_reciprocal(float s)
+{
+    const float two = float_of(BP_TWO_BITS);
+    float r = float_of(BP_RECIP_MAGIC - bits_of(s));
+    for (int i = 0; i < BP_RECIP_NEWTON_STEPS; i++)
+        r = r * (two - s * r);
+    float p = s * r;
+    float sh, sl, rh, rl;
+    veltkamp_split(s, &sh, &sl);
+    veltkamp_split(r, &rh, &rl);
+    float err = (((sh * rh - p) + sh * rl) + sl * rh) + sl * rl;   /* s*r - p, exactly */
+    float e = (float_of(BP_ONE_BITS) - p) - err;
+    return r + r * e;
+}
+
+/* -- rsqrt (spec 15.2) ------------------------------------------------------ */
+
+/* 1/sqrt(y) for y > 0 (a variance plus eps): bit-trick guess, then Newton steps
+ * r = r * (1.5 - (h * r) * r) with h = 0.5 * y; +inf gives 0, NaN propagates. */
+ALWAYS_INLINE float canonical_rsqrt(float y)
+{
+    float r = float_of(BP_RSQRT_MAGIC - (uint32_t)((int32_t)bits_of(y) >> 1));
+    float h = float_of(BP_HALF_BITS) * y;
+    for (int i = 0; i < BP_RSQRT_NEWTON_STEPS; i++)
+        r = r * (float_of(BP_THREE_HALVES_BITS) - (h * r) * r);
+    return y == POS_INF ? 0.0f : r;
+}
+
+/* -- Reduction structure (spec 3) ------------------------------------------ */
+
+/* Lane width of a row: LANES, or the next power of two >= n for short rows.
+ * Same bits either way (padding is an exact identity); the narrow width only
+ * saves work. */
+static int64_t lane_width(int64_t n)
+{
+    return n < BP_LANES ? next_pow2(n) : BP_LANES;
+}
+
+/* acc[0:w] -> acc[0]: acc[i] += acc[i + h] for h = w/2, w/4, ..., 1 (w a power of two). */
+static float halving_tree(float *acc, int64_t w)
+{
+    for (int64_t h = w / 2; h >= 1; h /= 2)
+        for (int64_t i = 0; i < h; i++)
+            acc[i] = acc[i] + acc[i + h];
+    return acc[0];
+}
+
+/* The terms a canonical sum may run over; a constant argument of the always-
+ * inlined functions below, so each use compiles to its own branch-free loop. */
+enum term {
+    TERM_MASKED_X,      /* sum op, masked means: mask ? x : -0.0 */
+    TERM_ENTROPY,       /* entropy: e == 0 ? -0.0 : (e * recip) * (log_total - d), d = w - shift, e = exp(d) */
+    TERM_SQ_DEV,        /* whitening: mask ? (x - mean) * (x - mean) : -0.0 */
+};
+
+struct term_args {
+    float scale, shift, recip, log_total, mean;
+};
+
+/* w = x * scale, masked entries -inf (spec 8.1). */
+ALWAYS_INLINE float scaled(const float *x, const uint8_t *mask, int64_t i, float scale)
+{
+    float w = x[i] * scale;
+    return mask && !mask[i] ? NEG_INF : w;
+}
+
+ALWAYS_INLINE float term_value(enum term kind, const float *x, const uint8_t *mask, int64_t i,
+                               const struct term_args *a)
+{
+    if (kind == TERM_MASKED_X)
+        return mask && !mask[i] ? NEG_ZERO : x[i];
+    if (kind == TERM_SQ_DEV) {
+        float d = x[i] - a->mean;
+        return mask && !mask[i] ? NEG_ZERO : d * d;
+    }
+    float d = scaled(x, mask, i, a->scale) - a->shift;
+    float e = canonical_exp(d);
+    float t = (e * a->recip) * (a->log_total - d);
+    return e == 0.0f ? NEG_ZERO : t;
+}
+
+/* Sum of terms [0:len] (one segment, len <= SEGMENT) in the canonical order:
+ * lane j accumulates terms j, j+W, j+2W, ... in sequence, starting from -0.0
+ * (the exact identity, so this equals starting from term j), then the halving
+ * tree over W lanes.  Lanes past the data keep -0.0, the padding (spec 3.2).
+ * lanes: scratch of W floats. */
+ALWAYS_INLINE float segment_sum(enum term kind, const float *x, const uint8_t *mask, int64_t len,
+                                int64_t w, const struct term_args *a, float *lanes)
+{
+    for (int64_t j = 0; j < w; j++)
+        lanes[j] = NEG_ZERO;
+    for (int64_t c = 0; c < len; c += w) {
+        int64_t m = len - c < w ? len - c : w;
+        const float *xc = x + c;
+        const uint8_t *mc = mask ? mask + c : NULL;
+        for (int64_t j = 0; j < m; j++)
+            lanes[j] = lanes[j] + term_value(kind, xc, mc, j, a);
+    }
+    return halving_tree(lanes, w);
+}
+
+/* Partials [0:g] -> their sum: the halving tree padded to a power of two with -0.0.
+ * partials: scratch of next_pow2(g) floats. */
+static float combine_partials(float *partials, int64_t g)
+{
+    int64_t gp = next_pow2(g);
+    for (int64_t i = g; i < gp; i++)
+        partials[i] = NEG_ZERO;
+    return halving_tree(partials, gp);
+}
+
+/* Canonical sum of one row of n terms: segment partials, then combine_partials. */
+ALWAYS_INLINE float row_sum(enum term kind, const float *x, const uint8_t *mask, int64_t n,
+                            const struct term_args *a, float *lanes, float *partials)
+{
+    int64_t w = lane_width(n);
+    int64_t g = 0;
+    for (int64_t s = 0; s < n; s += BP_SEGMENT, g++) {
+        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
+        partials[g] = segment_sum(kind, x + s, mask ? mask + s : NULL, len, w, a, lanes);
+    }
+    return combine_partials(partials, g);
+}
+
+/* -- Maximum (spec 4) ------------------------------------------------------ */
+
+/* NaN-propagating max: takes v if it is larger or NaN, and keeps a NaN once held. */
+ALWAYS_INLINE float max_nan(float m, float v)
+{
+    return (v > m || v != v) ? v : m;
+}
+
+/* Max of w over one segment, + 0.0 so a zero maximum is +0.0.  The order of a
+ * NaN-propagating max only decides which zero or which NaN wins, and the +0.0
+ * and NaN canonicalisation make that invisible.  lanes: scratch of W floats. */
+ALWAYS_INLINE float segment_max(const float *x, const uint8_t *mask, int64_t len, int64_t w,
+                                float scale, float *lanes)
+{
+    for (int64_t j = 0; j < w; j++)
+        lanes[j] = NEG_INF;
+    for (int64_t c = 0; c < len; c += w) {
+        int64_t m = len - c < w ? len - c : w;
+        const float *xc = x + c;
+        const uint8_t *mc = mask ? mask + c : NULL;
+        for (int64_t j = 0; j < m; j++)
+            lanes[j] = max_nan(lanes[j], scaled(xc, mc, j, scale));
+    }
+    for (int64_t h = w / 2; h >= 1; h /= 2)
+        for (int64_t i = 0; i < h; i++)
+            lanes[i] = max_nan(lanes[i], lanes[i + h]);
+    return lanes[0] + 0.0f;
+}
+
+/* -- Softmax statistics (spec 8.2) ----------------------------------------- */
+
+/* One segment's exponentials e = exp(w - shift), split: *count = canonical sum
+ * of (e == 1 ? 1 : -0.0), *rest = canonical sum of (e == 1 ? -0.0 : e), in one
+ * pass with two sets of lanes.
+ *
+ * Padding: reference/canonical.py pads w with -inf, so its padded terms are
+ * -0.0 in the count and exp(-inf) = +0.0 in the rest; here both start at -0.0.
+ * The sign of a zero term can only change the sign of a zero sum (x + y for
+ * nonzero x + y does not see zero signs), and a zero rest or count enters
+ * total and err below only through two_sum with the other, where both signs
+ * give the same total up to the sign of a zero total and err = +0.0; log and
+ * the selects treat -0.0 and +0.0 alike.  So the bits of every result agree.
+ * lanes_count, lanes_rest: scratch of W floats each. */
+ALWAYS_INLINE void segment_exp_sums(const float *x, const uint8_t *mask, int64_t len, int64_t w,
+                                    float scale, float shift, float *lanes_count, float *lanes_rest,
+                                    float *count, float *rest)
+{
+    for (int64_t j = 0; j < w; j++) {
+        lanes_count[j] = NEG_ZERO;
+        lanes_rest[j] = NEG_ZERO;
+    }
+    for (int64_t c = 0; c < len; c += w) {
+        int64_t m = len - c < w ? len - c : w;
+        const float *xc = x + c;
+        const uint8_t *mc = mask ? mask + c : NULL;
+        for (int64_t j = 0; j < m; j++) {
+            float e = canonical_exp(scaled(xc, mc, j, scale) - shift);
+            int one = e == 1.0f;
+            lanes_count[j] = lanes_count[j] + (one ? 1.0f : NEG_ZERO);
+            lanes_rest[j] = lanes_rest[j] + (one ? NEG_ZERO : e);
+        }
+    }
+    *count = halving_tree(lanes_count, w);
+    *rest = halving_tree(lanes_rest, w);
+}
+
+/* (s, err): s = RN(a + b) and its exact rounding error (Knuth's TwoSum). */
+ALWAYS_INLINE float two_sum(float a, float b, float *err)
+{
+    float s = a + b;
+    float bb = s - a;
+    *err = (a - (s - bb)) + (b - bb);
+    return s;
+}
+
+struct stats {
+    float shift, total, log_total, recip;
+};
+
+/* Per-thread scratch: lanes[2 LANES]; seg_max, seg_count, seg_rest [G'], G' = next_pow2(segments). */
+struct scratch {
+    float *lanes, *seg_max, *seg_count, *seg_rest;
+};
+
+/* Per segment g: m_g = max, shift_g = m_g (0 if -inf), count_g and rest_g of
+ * exp(w - shift_g).  Row: shift = max_g m_g (0 if -inf), c_g = exp(m_g - shift);
+ * a segment with c_g == 1 keeps its count and rest apart, any other folds
+ * c_g * (count_g + rest_g) into the rest; count and rest are combined by the
+ * partial tree, total = two_sum(count, rest), log_total = log(total) + err * recip.
+ * Each segment is read twice back to back, so the second read hits cache. */
+ALWAYS_INLINE struct stats softmax_stats(const float *x, const uint8_t *mask, int64_t n, float scale,
+                                         const struct scratch *sc)
+{
+    int64_t w = lane_width(n);
+    int64_t g = 0;
+    float row_max = NEG_INF;
+    for (int64_t s = 0; s < n; s += BP_SEGMENT, g++) {
+        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
+        const uint8_t *ms = mask ? mask + s : NULL;
+        float m = segment_max(x + s, ms, len, w, scale, sc->lanes);
+        segment_exp_sums(x + s, ms, len, w, scale, m == NEG_INF ? 0.0f : m, sc->lanes,
+                         sc->lanes + BP_LANES, &sc->seg_count[g], &sc->seg_rest[g]);
+        sc->seg_max[g] = m;
+        row_max = max_nan(row_max, m);
+    }
+    struct stats st;
+    row_max = row_max + 0.0f;
+    st.shift = row_max == NEG_INF ? 0.0f : row_max;
+    for (int64_t i = 0; i < g; i++) {
+        float c = canonical_exp(sc->seg_max[i] - st.shift);
+        int top = c == 1.0f;
+        float folded = c * (sc->seg_count[i] + sc->seg_rest[i]);
+        sc->seg_count[i] = top ? sc->seg_count[i] : NEG_ZERO;
+        sc->seg_rest[i] = top ? sc->seg_rest[i] : folded;
+    }
+    float count = combine_partials(sc->seg_count, g);
+    float rest = combine_partials(sc->seg_rest, g);
+    float err;
+    st.total = two_sum(count, rest, &err);
+    float recip = canonical_reciprocal(st.total);
+    st.recip = st.total == 0.0f ? 0.0f : recip;       /* 0 for an empty row */
+    st.log_total = canonical_log(st.total) + err * st.recip;
+    return st;
+}
+
+/* -- Ops (docs/backend-contract.md) ---------------------------------------- */
+
+enum op { OP_SUM, OP_LOGSUMEXP, OP_LOG_SOFTMAX, OP_SOFTMAX, OP_ENTROPY, OP_TOKEN_LOGPROBS };
+
+/* One row of op.  xr, mr: the row's n values and mask (NULL: none); orow: its
+ * n outputs (log_softmax, softmax); *oval: its one output (the reductions). */
+ALWAYS_INLINE void row_op(enum op op, const float *xr, const uint8_t *mr, int64_t n, float scale,
+                          int64_t token, float *orow, float *oval, const struct scratch *sc)
+{
+    if (op == OP_SUM) {
+        const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        *oval = row_sum(TERM_MASKED_X, xr, mr, n, &none, sc->lanes, sc->seg_rest);
+        return;
+    }
+    struct stats st = softmax_stats(xr, mr, n, scale, sc);
+    switch (op) {
+    case OP_LOGSUMEXP:
+        *oval = st.shift + st.log_total;
+        break;
+    case OP_LOG_SOFTMAX:
+        /* (w - shift) - log_total, or -inf for every entry where the total is 0 */
+        if (st.total == 0.0f) {
+            for (int64_t i = 0; i < n; i++)
+                orow[i] = NEG_INF;
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                orow[i] = (scaled(xr, mr, i, scale) - st.shift) - st.log_total;
+        }
+        break;
+    case OP_SOFTMAX:
+        for (int64_t i = 0; i < n; i++)
+            orow[i] = canonical_exp(scaled(xr, mr, i, scale) - st.shift) * st.recip;
+        break;
+    case OP_ENTROPY: {
+        /* canonical sum of p_i * (log S - (w_i - shift)), zero-probability terms -0.0, then + 0.0 */
+        const struct term_args a = {scale, st.shift, st.recip, st.log_total, 0.0f};
+        *oval = row_sum(TERM_ENTROPY, xr, mr, n, &a, sc->lanes, sc->seg_rest) + 0.0f;
+        break;
+    }
+    case OP_TOKEN_LOGPROBS: {
+        /* log_softmax's entry at the token, without writing the row */
+        float lp = (xr[token] * scale - st.shift) - st.log_total;
+        *oval = st.total == 0.0f ? NEG_INF : lp;
+        break;
+    }
+    case OP_SUM:
+        break;
+    }
+}
+
+/* Runs op over rows under `omp parallel for schedule(static)`: a thread owns
+ * whole rows and its own scratch, so no bit depends on the thread count.
+ * x: f32[rows, n]; mask: u8[rows, n] or NULL; tokens: i64[rows] or NULL;
+ * out: f32[rows, n] or f32[rows].  Returns 0, or -1 if scratch could not be allocated. */
+static int run_rows(enum op op, const float *x, const uint8_t *mask, const int64_t *tokens,
+                    int64_t rows, int64_t n, float scale, float *out, int nthreads)
+{
+    int64_t gp = next_pow2((n + BP_SEGMENT - 1) / BP_SEGMENT);
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) reduction(|:failed)
+    {
+        struct scratch sc;
+        sc.lanes = malloc(sizeof(float) * (size_t)(2 * BP_LANES + 3 * gp));
+        sc.seg_max = sc.lanes + 2 * BP_LANES;
+        sc.seg_count = sc.seg_max + gp;
+        sc.seg_rest = sc.seg_count + gp;
+        failed = sc.lanes == NULL;
+        /* every thread reaches the loop: a worksharing loop needs all of them */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (failed)
+                continue;
+            const float *xr = x + r * n;
+            int64_t token = tokens ? tokens[r] : 0;
+            float *orow = op == OP_LOG_SOFTMAX || op == OP_SOFTMAX ? out + r * n : NULL;
+            /* two inlined copies, so each inner loop is compiled knowing whether a mask exists */
+            if (mask)
+                row_op(op, xr, mask + r * n, n, scale, token, orow, out + r, &sc);
+            else
+                row_op(op, xr, NULL, n, scale, token, orow, out + r, &sc);
+        }
+        free(sc.lanes);
+    }
+    return failed ? -1 : 0;
+}
+
+int bp_sum(const float *x, const uint8_t *mask, int64_t rows, int64_t n,
+                  float *out, int nthreads)
+{
+    return run_rows(OP_SUM, x, mask, NULL, rows, n, 0.0f, out, nthreads);
+}
+
+int bp_logsumexp(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+                        float *out, int nthreads)
+{
+    return run_rows(OP_LOGSUMEXP, x, mask, NULL, rows, n, scale, out, nthreads);
+}
+
+int bp_log_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+                          float *out, int nthreads)
+{
+    return run_rows(OP_LOG_SOFTMAX, x, mask, NULL, rows, n, scale, out, nthreads);
+}
+
+int bp_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+                      float *out, int nthreads)
+{
+    return run_rows(OP_SOFTMAX, x, mask, NULL, rows, n, scale, out, nthreads);
+}
+
+int bp_entropy(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+                      float *out, int nthreads)
+{
+    return run_rows(OP_ENTROPY, x, mask, NULL, rows, n, scale, out, nthreads);
+}
+
+int bp_token_logprobs(const float *x, const int64_t *tokens, int64_t rows, int64_t n,
+                             float scale, float *out, int nthreads)
+{
+    return run_rows(OP_TOKEN_LOGPROBS, x, NULL, tokens, rows, n, scale, out, nthreads);
+}
+
+/* Element-wise exp and log of x[0:n]: independent elements, split over threads. */
+void bp_exp(const float *x, int64_t n, float *out, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = canonical_exp(x[i]);
+}
+
+void bp_log(const float *x, int64_t n, float *out, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = canonical_log(x[i]);
+}
+
+/* -- RL operators (spec 14-17) ---------------------------------------------- */
+
+/* numpy's np.maximum(a, b) and np.minimum(a, b), which reference/canonical.py
+ * uses for clamps: NaN from either operand propagates, and on a tie of +0.0
+ * with -0.0 the result is b.  (C's fmaxf/fminf return the non-NaN operand.) */
+ALWAYS_INLINE float max_prop(float a, float b) { return (a > b || a != a) ? a : b; }
+ALWAYS_INLINE float min_prop(float a, float b) { return (a < b || a != a) ? a : b; }
+
+/* min(max(v, low), high), NaN-propagating.  A clamp that is not set is passed
+ * as low = -inf, high = +inf, which leaves every v unchanged (NaN and -inf
+ * included), so the loops need no flag. */
+ALWAYS_INLINE float clamp_prop(float v, float low, float high) { return min_prop(max_prop(v, low), high); }
+
+ALWAYS_INLINE float abs_f32(float v) { return float_of(bits_of(v) & 0x7FFFFFFFu); }
+
+/* Number of counted entries of mask[0:len] (all len without a mask): an exact integer. */
+ALWAYS_INLINE int64_t count_true(const uint8_t *mask, int64_t len)
+{
+    if (!mask)
+        return len;
+    int64_t c = 0;
+    for (int64_t i = 0; i < len; i++)
+        c += mask[i];
+    return c;
+}
+
+/* sum * R + 0.0 with R = 0 for an empty row, else reciprocal(n), n the count
+ * rounded once to float32 (spec 15.1: an empty mean is +0.0). */
+static float mean_of(float sum, int64_t count)
+{
+    float r = count == 0 ? 0.0f : canonical_reciprocal((float)count);
+    return sum * r + 0.0f;
+}
+
+/* Canonical sums of the terms of each row of x [rows, n], and (counts != NULL)
+ * each row's exact count of counted entries.  The work items are (row,
+ * segment) pairs, not rows: each segment's partial is computed alone and a
+ * row's partials are then folded by combine_partials, which is row_sum's
+ * order, so a dim=None reduction (one row [1, B*T]) spreads over every thread
+ * with the same bits.  args: one per row (TERM_SQ_DEV's mean), or NULL.
+ * Returns 0, or -1 if scratch could not be allocated. */
+static int masked_row_sums(enum term kind, const float *x, const uint8_t *mask, int64_t rows, int64_t n,
+                           const struct term_args *args, float *sums, int64_t *counts, int nthreads)
+{
+    const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
+    int64_t gp = next_pow2(g);
+    int64_t w = lane_width(n);
+    float *partials = malloc(sizeof(float) * (size_t)(rows * gp));
+    int64_t *seg_counts = malloc(sizeof(int64_t) * (size_t)(rows * g));
+    if (partials == NULL || seg_counts == NULL) {
+        free(partials);
+        free(seg_counts);
+        return -1;
+    }
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t item = 0; item < rows * g; item++) {
+        float lanes[BP_LANES];
+        int64_t r = item / g, seg = item % g, s = seg * BP_SEGMENT;
+        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
+        const float *xs = x + r * n + s;
+        const uint8_t *ms = mask ? mask + r * n + s : NULL;
+        const struct term_args *a = args ? &args[r] : &none;
+        /* one inlined loop per term kind, each compiled for its constant kind */
+        partials[r * gp + seg] = kind == TERM_SQ_DEV ? segment_sum(TERM_SQ_DEV, xs, ms, len, w, a, lanes)
+                                                     : segment_sum(TERM_MASKED_X, xs, ms, len, w, a, lanes);
+        seg_counts[item] = count_true(ms, len);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        sums[r] = combine_partials(partials + r * gp, g);
+        if (counts) {
+            counts[r] = 0;
+            for (int64_t seg = 0; seg < g; seg++)
+                counts[r] += seg_counts[r * g + seg];
+        }
+    }
+    free(partials);
+    free(seg_counts);
+    return 0;
+}
+
+/* Masked mean of each row of x [rows, n] (spec 15.1) into means[rows]; the
+ * exact counts go to counts[rows].  mask NULL: every entry counts. */
+static int masked_mean_rows(const float *x, const uint8_t *mask, int64_t rows, int64_t n,
+                            float *means, int64_t *counts, int nthreads)
+{
+    if (masked_row_sums(TERM_MASKED_X, x, mask, rows, n, NULL, means, counts, nthreads) != 0)
+        return -1;
+    for (int64_t r = 0; r < rows; r++)
+        means[r] = mean_of(means[r], counts[r]);
+    return 0;
+}
+
+int bp_masked_mean(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float *out, int nthreads)
+{
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)rows);
+    int status = counts ? masked_mean_rows(x, mask, rows, n, out, counts, nthreads) : -1;
+    free(counts);
+    return status;
+}
+
+/* Whitening of each row of x [rows, n] (spec 15.3):
+ *   mean = masked mean; ss = canonical sum of (mask ? (x - mean)^2 : -0.0)
+ *   var = ss * reciprocal(max(n - 1, 1))   (max(n, 1) when biased)
+ *   out = (x - mean) * rsqrt(var + eps), + mean when !shift_mean; 0 where not counted.
+ * The output pass runs over (row, segment) items like the sums. */
+int bp_masked_whiten(const float *x, const uint8_t *mask, int64_t rows, int64_t n, int shift_mean,
+                     int unbiased, float eps, float *out, int nthreads)
+{
+    float *mean = malloc(sizeof(float) * (size_t)rows);
+    float *inv = malloc(sizeof(float) * (size_t)rows);      /* each row's sum of squares, then rsqrt(var + eps) */
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)rows);
+    struct term_args *args = malloc(sizeof(struct term_args) * (size_t)rows);
+    int status = mean && inv && counts && args ? 0 : -1;
+    if (status == 0)
+        status = masked_mean_rows(x, mask, rows, n, mean, counts, nthreads);
+    if (status == 0) {
+        for (int64_t r = 0; r < rows; r++)
+            args[r] = (struct term_args){0.0f, 0.0f, 0.0f, 0.0f, mean[r]};
+        status = masked_row_sums(TERM_SQ_DEV, x, mask, rows, n, args, inv, NULL, nthreads);
+    }
+    if (status == 0) {
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t divisor = unbiased ? counts[r] - 1 : counts[r];
+            float var = inv[r] * canonical_reciprocal((float)(divisor > 1 ? divisor : 1));
+            inv[r] = canonical_rsqrt(var + eps);
+        }
+        int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int64_t item = 0; item < rows * g; item++) {
+            int64_t r = item / g, s = (item % g) * BP_SEGMENT;
+            int64_t end = n - s < BP_SEGMENT ? n : s + BP_SEGMENT;
+            const float *xr = x + r * n;
+            const uint8_t *mr = mask + r * n;
+            float *orow = out + r * n;
+            float m = mean[r], k = inv[r];
+            for (int64_t i = s; i < end; i++) {
+                float o = (xr[i] - m) * k;
+                o = shift_mean ? o : o + m;
+                orow[i] = mr[i] ? o : 0.0f;
+            }
+        }
+    }
+    free(mean);
+    free(inv);
+    free(counts);
+    free(args);
+    return status;
+}
+
+/* e^d - 1 - d without cancellation (spec 16): d^2 * phi(d) by phi's Taylor
+ * series (Horner from the highest degree) for |d| < 1, else (exp(d) - 1) - d. */
+ALWAYS_INLINE float canonical_k3(float d)
+{
+    float phi = float_of(BP_K3_P0);
+    phi = phi * d + float_of(BP_K3_P1);
+    phi = phi * d + float_of(BP_K3_P2);
+    phi = phi * d + float_of(BP_K3_P3);
+    phi = phi * d + float_of(BP_K3_P4);
+    phi = phi * d + float_of(BP_K3_P5);
+    phi = phi * d + float_of(BP_K3_P6);
+    phi = phi * d + float_of(BP_K3_P7);
+    phi = phi * d + float_of(BP_K3_P8);
+    phi = phi * d + float_of(BP_K3_P9);
+    phi = phi * d + float_of(BP_K3_P10);
+    float series = (d * d) * phi;
+    float direct = (canonical_exp(d) - 1.0f) - d;
+    float out = abs_f32(d) < float_of(BP_K3_SERIES_LIMIT_BITS) ? series : direct;
+    return d == POS_INF ? POS_INF : out;
+}
+
+enum kl_kind { KL_K1, KL_K2, KL_K3, KL_ABS };
+
+/* One estimator of d = clamp(ref - logp, ±log_ratio_clamp), clamped to ±clamp (spec 16). */
+ALWAYS_INLINE float kl_term(enum kl_kind kind, float logp, float ref, float clamp, float log_ratio_clamp)
+{
+    float d = clamp_prop(ref - logp, -log_ratio_clamp, log_ratio_clamp);
+    float k;
+    switch (kind) {
+    case KL_K1: k = -d; break;
+    case KL_K2: k = (d * d) * float_of(BP_HALF_BITS); break;
+    case KL_K3: k = canonical_k3(d); break;
+    default: k = abs_f32(d); break;
+    }
+    return clamp_prop(k, -clamp, clamp);
+}
+
+ALWAYS_INLINE void kl_block(enum kl_kind kind, const float *logp, const float *ref, int64_t len, float clamp,
+                            float log_ratio_clamp, float *out)
+{
+    for (int64_t i = 0; i < len; i++)
+        out[i] = kl_term(kind, logp[i], ref[i], clamp, log_ratio_clamp);
+}
+
+/* Elements per work item of bp_kl_penalty: the kind is dispatched once per block. */
+#define KL_BLOCK 4096
+
+/* Element-wise KL estimator of logp, ref [n] into out [n]; kind is an enum
+ * kl_kind; an unset clamp is +inf (see clamp_prop).  Each block runs the loop
+ * compiled for its constant kind, so the loop is branch-free. */
+void bp_kl_penalty(const float *logp, const float *ref, int64_t n, int kind, float clamp,
+                   float log_ratio_clamp, float *out, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t s = 0; s < n; s += KL_BLOCK) {
+        int64_t len = n - s < KL_BLOCK ? n - s : KL_BLOCK;
+        switch (kind) {
+        case KL_K1: kl_block(KL_K1, logp + s, ref + s, len, clamp, log_ratio_clamp, out + s); break;
+        case KL_K2: kl_block(KL_K2, logp + s, ref + s, len, clamp, log_ratio_clamp, out + s); break;
+        case KL_K3: kl_block(KL_K3, logp + s, ref + s, len, clamp, log_ratio_clamp, out + s); break;
+        default: kl_block(KL_ABS, logp + s, ref + s, len, clamp, log_ratio_clamp, out + s); break;
+        }
+    }
+}
+
+/* One sequence's GAE (spec 14), t = T-1 down to 0, from next_v = bootstrap, last = +0.0.
+ * carry (verl): delta = (r + g * next_v) - v; cand = delta + gl * last;
+ *               next_v = m ? v : next_v; last = m ? cand : last; adv = last; ret = last + v.
+ * zero (TRL):   r, v = m ? r, v : 0; delta as above; last = delta + gl * last; next_v = v;
+ *               adv = m ? last : 0; ret = m ? last + v : 0. */
+ALWAYS_INLINE void gae_row(int zero_mode, const float *r, const float *v, const uint8_t *m, int64_t t_len,
+                           float bootstrap, float g, float gl, float *adv, float *ret)
+{
+    float next_v = bootstrap, last = 0.0f;
+    for (int64_t t = t_len - 1; t >= 0; t--) {
+        if (zero_mode) {
+            float rt = m[t] ? r[t] : 0.0f, vt = m[t] ? v[t] : 0.0f;
+            float delta = (rt + g * next_v) - vt;
+            last = delta + gl * last;
+            next_v = vt;
+            adv[t] = m[t] ? last : 0.0f;
+            ret[t] = m[t] ? last + vt : 0.0f;
+        } else {
+            float delta = (r[t] + g * next_v) - v[t];
+            float cand = delta + gl * last;
+            next_v = m[t] ? v[t] : next_v;
+            last = m[t] ? cand : last;
+            adv[t] = last;
+            ret[t] = last + v[t];
+        }
+    }
+}
+
+/* GAE of rewards, values, mask [B, T], bootstrap [B] into adv, ret [B, T]:
+ * sequences are independent, so they are split over threads; each runs its
+ * recurrence alone and in order. */
+void bp_gae(const float *rewards, const float *values, const uint8_t *mask, const float *bootstrap,
+            int64_t b, int64_t t_len, float g, float gl, int zero_mode, float *adv, float *ret, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < b; i++) {
+        int64_t o = i * t_len;
+        if (zero_mode)
+            gae_row(1, rewards + o, values + o, mask + o, t_len, bootstrap[i], g, gl, adv + o, ret + o);
+        else
+            gae_row(0, rewards + o, values + o, mask + o, t_len, bootstrap[i], g, gl, adv + o, ret + o);
+    }
+}
+
+/* verl's clipped surrogate of one token (spec 17.1); *clipped = 1.0 where
+ * loss2 > loss1, else 0.0.  Unset dual_clip and ratio_clamp are +inf, for
+ * which min_prop(na * c, loss) and the clamp leave their operand unchanged. */
+ALWAYS_INLINE float ppo_token_loss(float logp, float old_logp, float adv, float ratio_low, float ratio_high,
+                                   float dual_clip, float ratio_clamp, float *clipped)
+{
+    float d = clamp_prop(logp - old_logp, -ratio_clamp, ratio_clamp);
+    float ratio = canonical_exp(d);
+    float na = -adv;
+    float loss1 = na * ratio;
+    float loss2 = na * clamp_prop(ratio, ratio_low, ratio_high);
+    *clipped = loss2 > loss1 ? 1.0f : 0.0f;
+    float loss = max_prop(loss1, loss2);
+    return adv < 0.0f ? min_prop(na * dual_clip, loss) : loss;
+}
+
+enum ppo_agg { AGG_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_MEAN };
+
+/* The token losses [B, T] aggregated by agg (spec 17.2) into *total:
+ *   token-mean:          masked mean of the losses as one row [1, B*T];
+ *   seq-mean-token-sum:  s_b = canonical sum of the counted losses of row b, then the mean of s [1, B];
+ *   seq-mean-token-mean: m_b = masked mean of row b, then the mean of m [1, B].
+ * per_seq: scratch of B floats; counts: of B int64. */
+static int ppo_aggregate(enum ppo_agg agg, const float *loss, const uint8_t *mask, int64_t b, int64_t t_len,
+                         float *per_seq, int64_t *counts, float *total, int nthreads)
+{
+    if (agg == AGG_TOKEN_MEAN)
+        return masked_mean_rows(loss, mask, 1, b * t_len, total, counts, nthreads);
+    int status = agg == AGG_SEQ_MEAN_TOKEN_SUM
+        ? masked_row_sums(TERM_MASKED_X, loss, mask, b, t_len, NULL, per_seq, NULL, nthreads)
+        : masked_mean_rows(loss, mask, b, t_len, per_seq, counts, nthreads);
+    return status != 0 ? status : masked_mean_rows(per_seq, NULL, 1, b, total, counts, nthreads);
+}
+
+/* PPO policy loss of logp, old_logp, advantages, mask [B, T] into result[0]
+ * (the loss aggregated by agg, an enum ppo_agg) and result[1] (the clip
+ * fraction: the masked mean over all B*T tokens of clipped, as one row).
+ * Returns 0, or -1 if scratch could not be allocated. */
+int bp_ppo_policy_loss(const float *logp, const float *old_logp, const float *advantages, const uint8_t *mask,
+                       int64_t b, int64_t t_len, float ratio_low, float ratio_high, float dual_clip,
+                       float ratio_clamp, int agg, float *result, int nthreads)
+{
+    int64_t n = b * t_len;
+    float *loss = malloc(sizeof(float) * (size_t)(2 * n));    /* loss [n], then clipped [n] */
+    float *per_seq = malloc(sizeof(float) * (size_t)b);
+    int64_t *counts = malloc(sizeof(int64_t) * (size_t)b);
+    int status = -1;
+    if (loss && per_seq && counts) {
+        float *clipped = loss + n;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int64_t i = 0; i < n; i++)
+            loss[i] = ppo_token_loss(logp[i], old_logp[i], advantages[i], ratio_low, ratio_high, dual_clip,
+                                     ratio_clamp, &clipped[i]);
+        status = ppo_aggregate(agg, loss, mask, b, t_len, per_seq, counts, &result[0], nthreads);
+        if (status == 0)
+            status = masked_mean_rows(clipped, mask, 1, n, &result[1], counts, nthreads);
+    }
+    free(loss);
+    free(per_seq);
+    free(counts);
+    return status;
+}

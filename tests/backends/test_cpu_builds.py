@@ -1,0 +1,205 @@
+"""Each instruction-set build of the cpu backend, one by one: the numpy backend's bits, no FMA, any thread count.
+
+The registry only ever calls the widest build this CPU runs; here every build
+it can run (baseline, AVX2, AVX-512F) is called directly through the backend
+contract, on inputs where the reduction structure changes shape (lengths
+across one lane block, 1024, and one and two segments, 16384) and the
+numerics are hard (wide dynamic range, ties, peaked rows, fully masked rows,
+NaN, +-inf, +-0).  The numpy backend's result for each call is computed once
+and shared by every build and thread count.
+"""
+
+import functools
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from bitparity.backends import cpu
+from bitparity.backends import numpy as reference
+from bitparity.compare import cases
+from bitparity.compare.metrics import canonical_bits
+
+LEVELS = tuple(range(cpu.isa_level() + 1))
+# 49153: four segments, the fewest whose partial tree ((p0 + p1) + (p2 + p3)) is not a running sum
+LENGTHS = (1, 63, 1025, 16385, 49153)
+SCALES = (1.0, float(np.float32(1.0) / np.float32(0.7)))
+F32 = np.float32
+
+
+def f32(value):
+    return float(F32(value))
+
+
+def _rl_values(rows, n, seed, specials):
+    """Unit-scale values with +-0 entries and a few of magnitude 1e3; with specials, also 1e30, NaN and +-inf
+    (which make most row statistics NaN, so the finite variant is what checks the order of their sums)."""
+    rng = np.random.default_rng([seed, rows, n])
+    x = rng.standard_normal((rows, n))
+    k = rng.random((rows, n))
+    x = np.where(k < 0.02, rng.choice([-1.0, 1.0], (rows, n)) * (1e30 if specials else 1e3), x)
+    x[(k > 0.989) & (k < 0.995)] = 0.0
+    x[k >= 0.995] = -0.0
+    if specials:
+        x[(k > 0.98) & (k < 0.983)] = np.nan
+        x[(k > 0.983) & (k < 0.986)] = np.inf
+        x[(k > 0.986) & (k < 0.989)] = -np.inf
+    return torch.from_numpy(x.astype(F32))
+
+
+def _rl_mask(rows, n, seed):
+    """Random masks; when there are more than three rows: row 0 fully masked, row 1 a single counted
+    entry, row 2 all counted."""
+    m = torch.from_numpy(np.random.default_rng([seed, rows, n, 1]).random((rows, n)) < 0.6)
+    if rows > 3:
+        m[0] = False
+        m[1] = False
+        m[1, n // 2] = True
+        m[2] = True
+    return m
+
+
+def _kl_inputs():
+    """logp = 0 and ref = d over d in [-3, 3] densely (the series/direct switch at |d| = 1), then specials."""
+    d = np.concatenate([np.linspace(-3.0, 3.0, 20001),
+                        [1.0, -1.0, np.nextafter(1.0, 0.0), -np.nextafter(1.0, 0.0), 1e-7, -1e-7, 1e-30, 0.0, -0.0,
+                         20.0, 25.0, -25.0, 88.7, 89.0, 100.0, -104.0, -200.0, np.inf, -np.inf, np.nan]])
+    ref = torch.from_numpy(d.astype(F32))
+    logp = torch.from_numpy(np.random.default_rng(5).standard_normal(ref.numel()).astype(F32) * 1e-3)
+    return logp, ref + logp
+
+
+@functools.cache
+def calls():
+    """op -> [(label, contract arguments)]."""
+    out = {op: [] for op in ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs",
+                             "exp", "log", "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss")}
+    for n in LENGTHS:
+        x, mask = cases.make_batch(6, n, seed=n)       # one row of each kind; the masked row is fully masked
+        tokens = cases.make_tokens(x, seed=n)
+        out["sum"] += [(f"n={n} mask={m is not None}", (x, m)) for m in (None, mask)]
+        for scale in SCALES:
+            for op in ("logsumexp", "log_softmax", "softmax", "entropy"):
+                out[op] += [(f"n={n} mask={m is not None} scale={scale}", (x, m, scale)) for m in (None, mask)]
+            out["token_logprobs"].append((f"n={n} scale={scale}", (x, tokens, scale)))
+    for op in ("exp", "log"):
+        out[op].append(("n=100015", (cases.make_elementwise(op, 100000),)))
+
+    for rows, n in ((6, 1025), (3, 16385), (1, 49153)):
+        m = _rl_mask(rows, n, seed=n)
+        for specials in (True, False):
+            x = _rl_values(rows, n, n, specials)
+            out["masked_mean"].append((f"[{rows}, {n}] specials={specials}", (x, m)))
+            for shift in (True, False):
+                for unbiased in (True, False):
+                    for eps in (f32(1e-8), 1.0):
+                        out["masked_whiten"].append((f"[{rows}, {n}] specials={specials} shift={shift} "
+                                                     f"unbiased={unbiased} eps={eps}", (x, m, shift, unbiased, eps)))
+
+    logp, ref = _kl_inputs()
+    for kind in ("k1", "k2", "k3", "abs"):
+        for clamp, log_ratio_clamp in ((None, None), (10.0, 20.0), (f32(0.1), None), (None, 0.5), (0.0, 0.0)):
+            out["kl_penalty"].append((f"{kind} clamp={clamp} log_ratio_clamp={log_ratio_clamp}",
+                                      (logp, ref, kind, clamp, log_ratio_clamp)))
+
+    b, t = 5, 2100
+    rewards, values = _rl_values(b, t, 1, specials=True), _rl_values(b, t, 2, specials=False)
+    bootstrap = torch.tensor([0.0, 1.5, -2.0, np.inf, 0.25], dtype=torch.float32)
+    prefix = torch.arange(t)[None, :] < torch.tensor([t, 1, 700, t // 2, t - 1])[:, None]
+    for mask_name, mask in (("right-padded", prefix), ("random", _rl_mask(b, t, seed=3))):
+        for gamma, lam in ((1.0, 1.0), (0.99, 0.95), (0.0, 1.0), (0.5, 0.0)):
+            g = F32(gamma)
+            for mode in ("carry", "zero"):
+                out["gae"].append((f"{mask_name} gamma={gamma} lam={lam} {mode}",
+                                   (rewards, values, mask, bootstrap, float(g), float(g * F32(lam)), mode)))
+
+    b, t = 4, 12289                                    # the token mean and clip fraction span four segments
+    mask = _rl_mask(b, t, seed=7)
+    for specials in (True, False):
+        logp = -_rl_values(b, t, 4, specials).abs()
+        old_logp = logp + _rl_values(b, t, 5, specials=False) * 0.1
+        advantages = _rl_values(b, t, 6, specials) * 3.0
+        for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+            for low, high, dual_clip, ratio_clamp in ((0.2, 0.2, None, 20.0), (0.2, 0.28, 3.0, 20.0),
+                                                      (0.2, 0.2, None, None), (0.5, 1.0, 1.5, 0.5)):
+                contract = (f32(F32(1) - F32(low)), f32(F32(1) + F32(high)), dual_clip, ratio_clamp, agg)
+                out["ppo_policy_loss"].append((f"{agg} specials={specials} clip=({low}, {high}) "
+                                               f"dual={dual_clip} ratio_clamp={ratio_clamp}",
+                                               (logp, old_logp, advantages, mask, *contract)))
+    return out
+
+
+@functools.cache
+def want(op, i):
+    """The numpy backend's result for calls()[op][i], as canonical bits; ppo's two 0-d results as 0-d."""
+    got = getattr(reference, op)(*calls()[op][i][1])
+    got = got if isinstance(got, tuple) else (got,)
+    if op == "ppo_policy_loss":
+        got = tuple(g.reshape(()) for g in got)
+    return tuple(canonical_bits(g) for g in got)
+
+
+def assert_calls_match(op, fn):
+    """fn(*args) gives the numpy backend's bits for every call of op; reports every mismatching call."""
+    failures = []
+    for i, (label, args) in enumerate(calls()[op]):
+        got = fn(*args)
+        got = got if isinstance(got, tuple) else (got,)
+        for k, (g, w) in enumerate(zip(got, want(op, i))):
+            gb = canonical_bits(g)
+            if gb.shape != w.shape:
+                failures.append(f"{label} result {k}: shape {tuple(gb.shape)}, want {tuple(w.shape)}")
+            elif not torch.equal(gb, w):
+                bad = (gb != w).nonzero()
+                failures.append(f"{label} result {k}: {bad.shape[0]} of {w.numel()} differ, first at "
+                                f"{bad[0].tolist() if bad.numel() else '()'}")
+    assert not failures, f"{op}: " + "; ".join(failures)
+
+
+OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
+       "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: cpu.ISA_BUILDS[level][0])
+def test_build_gives_canonical_bits(level, op):
+    assert_calls_match(op, getattr(cpu.build(level), op))
+
+
+FMA = re.compile(r"\bvfn?m(add|sub)\w*", re.IGNORECASE)   # every FMA3/FMA4 form, fmaddsub/fmsubadd included
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: cpu.ISA_BUILDS[level][0])
+def test_build_has_no_fma_instruction(level):
+    # objdump ships in binutils with the assembler and linker gcc needs to build the backend at all,
+    # so its absence means a broken toolchain, not a machine the check does not apply to.
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.fail("objdump not found on PATH: install binutils; the no-FMA check needs the disassembly")
+    build = cpu.build(level)
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(build.path)],
+                          capture_output=True, text=True, check=True).stdout
+    assert "<bp_log_softmax>:" in text and "<bp_gae>:" in text, "disassembly lacks the exported ops"
+    fused = sorted({m.group(0) for m in FMA.finditer(text)})
+    assert not fused, f"{build.isa} build {build.path} contains FMA instructions: {fused}"
+    # The build is the ISA it claims: gcc vectorised into that width's registers.
+    register = {"AVX2": "%ymm", "AVX-512F": "%zmm"}.get(build.isa)
+    assert register is None or register in text, f"{build.isa} build uses no {register} register"
+
+
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_thread_count_changes_no_bit(op, restore_threads):
+    # 3 threads on 6, 5, 3 or 1 rows (or segments) splits them unevenly, and more threads than cores.
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        assert_calls_match(op, getattr(cpu.build(), op))
