@@ -1,0 +1,53 @@
+"""The cuda backend: the canonical order as Triton kernels (docs/backend-contract.md).
+
+On a machine with a GPU the kernels are compiled for it, with
+``enable_fp_fusion=False`` on every launch.  Without one they run in the
+Triton interpreter on CPU tensors: the same kernel source, executed
+operation by operation with numpy float32 arithmetic.  What the GPU build
+emits is checked offline by tests/backends/test_cuda_ptx.py, which compiles
+every kernel to sm_90 PTX and SASS and rejects FMA, approximate and
+flush-to-zero instructions.
+"""
+
+import os
+
+import torch
+
+NAME = "cuda"
+
+try:
+    import triton
+except ImportError as error:
+    _MISSING = f"triton is not installed ({error})"
+else:
+    _MISSING = None
+    _HAS_GPU = torch.cuda.is_available()
+    if not _HAS_GPU:
+        # triton.jit picks between compiling and interpreting when it
+        # decorates a kernel, so the choice has to be in the environment
+        # before the kernel modules below are imported.  Without a GPU the
+        # interpreter is the only way to run them; an explicit
+        # TRITON_INTERPRET from the user is left as it is.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    _INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+    from .elementwise import exp, log
+    from .reduce import sum  # noqa: A004 - the op's public name
+    from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
+
+    __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
+               "entropy", "token_logprobs", "exp", "log"]
+
+
+def availability():
+    """(can run here, how or why not)."""
+    if _MISSING is not None:
+        return False, _MISSING
+    if _INTERPRETED and _HAS_GPU:
+        return True, ("Triton interpreter (TRITON_INTERPRET=1 is set); "
+                      "GPU tensors are copied to the host for each launch")
+    if _INTERPRETED:
+        return True, "Triton interpreter on CPU tensors (TRITON_INTERPRET=1); no GPU"
+    if _HAS_GPU:
+        return True, f"Triton kernels on {torch.cuda.get_device_name()} (enable_fp_fusion=False)"
+    return False, "no GPU, and TRITON_INTERPRET is set to a false value, so the Triton interpreter is off"

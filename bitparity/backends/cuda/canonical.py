@@ -1,0 +1,231 @@
+"""The shared pieces of the canonical order as Triton device functions.
+
+One helper per piece of bitparity/reference/canonical.py, with the same
+operation order, so each op kernel reads as the reference does:
+
+- ``tree_sum``: the halving tree acc[i] += acc[i + h], h = W/2, ..., 1 (spec 3);
+- ``nan_max`` / ``tree_max``: the NaN-propagating maximum (spec 4);
+- ``exp`` / ``log``: the portable exp and log (spec 5, 6);
+- ``reciprocal``: Newton steps plus one Dekker-exact correction (spec 7);
+- ``neg_zeros``: the padding -0.0, which a Triton literal cannot express;
+- ``put``: writes a segment partial into its slot of a small vector.
+
+Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
+conversions, bit casts and int32 add/sub/shift are used.  Never ``/``,
+``tl.exp``/``tl.log``/``tl.sqrt`` (approximate on the GPU, numpy's in the
+interpreter) or a ``tl.sum`` over more than two elements (its order is
+the compiler's): the halving tree splits a tensor into halves and adds them.
+Float->int conversions truncate in Triton, so exp rounds with the
+1.5 * 2**23 magic constant and reads k from the bits (spec 5).
+Kernels must be launched with ``enable_fp_fusion=False`` so that no a*b+c
+here becomes one ``fma.rn.f32`` (tests/backends/test_cuda_ptx.py checks it).
+"""
+
+import triton
+import triton.language as tl
+
+from ... import spec
+
+_f = spec.f32
+
+SEGMENT: tl.constexpr = tl.constexpr(spec.SEGMENT)
+NEG_ZERO_BITS: tl.constexpr = tl.constexpr(spec.NEG_ZERO_BITS - (1 << 32))   # 0x80000000 as an int32
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+POS_INF: tl.constexpr = tl.constexpr(float("inf"))
+NAN: tl.constexpr = tl.constexpr(float("nan"))
+
+EXP_HI: tl.constexpr = tl.constexpr(_f(spec.EXP_HI_BITS))
+EXP_LO: tl.constexpr = tl.constexpr(_f(spec.EXP_LO_BITS))
+EXP_CLAMP_HI: tl.constexpr = tl.constexpr(_f(spec.EXP_CLAMP_HI_BITS))
+EXP_CLAMP_LO: tl.constexpr = tl.constexpr(_f(spec.EXP_CLAMP_LO_BITS))
+LOG2E: tl.constexpr = tl.constexpr(_f(spec.LOG2E_BITS))
+ROUND_MAGIC: tl.constexpr = tl.constexpr(_f(spec.ROUND_MAGIC_BITS))
+ROUND_MAGIC_BITS: tl.constexpr = tl.constexpr(spec.ROUND_MAGIC_BITS)
+LN2_HI: tl.constexpr = tl.constexpr(_f(spec.LN2_HI_BITS))
+LN2_LO: tl.constexpr = tl.constexpr(_f(spec.LN2_LO_BITS))
+EXP_P0: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[0]))
+EXP_P1: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[1]))
+EXP_P2: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[2]))
+EXP_P3: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[3]))
+EXP_P4: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[4]))
+EXP_P5: tl.constexpr = tl.constexpr(_f(spec.EXP_POLY_BITS[5]))
+
+LOG_SQRTHALF_BITS: tl.constexpr = tl.constexpr(spec.LOG_SQRTHALF_BITS)
+LOG_SUBNORMAL_SCALE: tl.constexpr = tl.constexpr(_f(spec.LOG_SUBNORMAL_SCALE_BITS))
+MIN_NORMAL: tl.constexpr = tl.constexpr(_f(spec.MIN_NORMAL_BITS))
+LOG_P0: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[0]))
+LOG_P1: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[1]))
+LOG_P2: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[2]))
+LOG_P3: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[3]))
+LOG_P4: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[4]))
+LOG_P5: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[5]))
+LOG_P6: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[6]))
+LOG_P7: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[7]))
+LOG_P8: tl.constexpr = tl.constexpr(_f(spec.LOG_POLY_BITS[8]))
+LOG_LN2_LO: tl.constexpr = tl.constexpr(_f(spec.LOG_LN2_LO_BITS))
+LOG_LN2_HI: tl.constexpr = tl.constexpr(_f(spec.LOG_LN2_HI_BITS))
+HALF: tl.constexpr = tl.constexpr(_f(spec.HALF_BITS))
+
+RECIP_MAGIC: tl.constexpr = tl.constexpr(spec.RECIP_MAGIC)
+RECIP_NEWTON_STEPS: tl.constexpr = tl.constexpr(spec.RECIP_NEWTON_STEPS)
+SPLIT: tl.constexpr = tl.constexpr(_f(spec.SPLIT_BITS))
+TWO: tl.constexpr = tl.constexpr(_f(spec.TWO_BITS))
+ONE: tl.constexpr = tl.constexpr(_f(spec.ONE_BITS))
+
+
+@triton.constexpr_function
+def log2(n):
+    """log2 of a power of two, at compile time (the number of tree levels)."""
+    return n.bit_length() - 1
+
+
+# -- Reduction structure (spec 3, 4) ------------------------------------------
+
+@triton.jit
+def _halves(x):
+    # x: [R, W] -> (x[:, :W/2], x[:, W/2:]), each [R, W/2].
+    # [R, W] -> [R, 2, W/2] puts x[:, i] and x[:, i + W/2] at [:, 0, i] and
+    # [:, 1, i]; moving that axis last lets tl.split take the two halves.
+    R: tl.constexpr = x.shape[0]
+    H: tl.constexpr = x.shape[1] // 2
+    return tl.split(tl.permute(tl.reshape(x, (R, 2, H)), (0, 2, 1)))
+
+
+@triton.jit
+def tree_sum(x):
+    # x: [R, W], W a power of two -> [R].
+    # acc[i] = acc[i] + acc[i + h] for h = W/2, W/4, ..., 1: one float32 add
+    # per pair and level, exactly canonical._halving_tree.
+    for _ in tl.static_range(log2(x.shape[1])):
+        lo, hi = _halves(x)
+        x = lo + hi
+    return tl.reshape(x, (x.shape[0],))
+
+
+@triton.jit
+def nan_max(a, b):
+    # Elementwise maximum that returns NaN when either input is NaN: numpy's
+    # np.maximum, and max.NaN.f32 on the GPU (the default tl.maximum drops NaN
+    # on the GPU but keeps it in the interpreter).
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def tree_max(x):
+    # x: [R, W], W a power of two -> [R]: the NaN-propagating maximum of each
+    # row.  The maximum is order-free; the caller adds +0.0 so that a zero
+    # maximum is +0.0 whichever zero came out (spec 4).
+    for _ in tl.static_range(log2(x.shape[1])):
+        lo, hi = _halves(x)
+        x = nan_max(lo, hi)
+    return tl.reshape(x, (x.shape[0],))
+
+
+@triton.jit
+def neg_zeros(shape: tl.constexpr):
+    # A float32 tensor of -0.0, the additive identity (shape () for a scalar).
+    # Built from its bits: Triton turns every scalar constant equal to 0,
+    # -0.0 included, into +0.0 (semantic.scalar_constant), so tl.full(shape,
+    # -0.0), tl.where(c, -0.0, x) and other=-0.0 all give +0.0.
+    return tl.full(shape, NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def put(slots_vec, slots, g, value):
+    # slots_vec: [R, G], slots: [G] = arange(G), value: [R] -> slots_vec with
+    # column g replaced by value: where a segment's partial is kept until the
+    # partials are folded.
+    return tl.where(slots[None, :] == g, value[:, None], slots_vec)
+
+
+# -- exp (spec 5) ---------------------------------------------------------------
+
+@triton.jit
+def exp(x):
+    # x: any shape, float32.  Same operations, same order as canonical.exp.
+    # A NaN x may clamp to anything here: the last select returns x itself.
+    xc = tl.minimum(tl.maximum(x, EXP_CLAMP_LO), EXP_CLAMP_HI)
+    # round(x / ln2) lands in t's low mantissa bits: k without a float->int
+    # conversion (those truncate in Triton); kf = k exactly.
+    t = xc * LOG2E + ROUND_MAGIC
+    k = t.to(tl.int32, bitcast=True) - ROUND_MAGIC_BITS
+    kf = t - ROUND_MAGIC
+    # Cody-Waite: kf * LN2_HI is exact (15-bit hi), so r = x - k ln2 loses nothing.
+    r = (xc - kf * LN2_HI) - kf * LN2_LO
+    # Cephes polynomial by Horner, highest degree first.
+    p = EXP_P0 * r + EXP_P1
+    p = p * r + EXP_P2
+    p = p * r + EXP_P3
+    p = p * r + EXP_P4
+    p = p * r + EXP_P5
+    y = (p * (r * r) + r) + 1.0
+    # Scale by 2**k as 2**(k>>1) * 2**(k - (k>>1)): both factors are normal,
+    # so a subnormal result is rounded once, by the second multiply.
+    k1 = k >> 1
+    k2 = k - k1
+    scale1 = ((k1 + 127) << 23).to(tl.float32, bitcast=True)
+    scale2 = ((k2 + 127) << 23).to(tl.float32, bitcast=True)
+    y = (y * scale1) * scale2
+    y = tl.where(x > EXP_HI, POS_INF, y)
+    y = tl.where(x <= EXP_LO, 0.0, y)
+    return tl.where(x != x, x, y)
+
+
+# -- log (spec 6) -----------------------------------------------------------------
+
+@triton.jit
+def log(x):
+    # x: any shape, float32.  Same operations, same order as canonical.log.
+    # Subnormals are scaled by 2**23 first and 23 is taken off the exponent.
+    subnormal = x < MIN_NORMAL
+    xs = tl.where(subnormal, x * LOG_SUBNORMAL_SCALE, x)
+    # Integer reduction: m in [sqrt(1/2), sqrt(2)), xs = m * 2**e.
+    ix = xs.to(tl.int32, bitcast=True)
+    e = (ix - LOG_SQRTHALF_BITS) >> 23
+    m = (ix - (e << 23)).to(tl.float32, bitcast=True)
+    f = m - 1.0
+    ef = (e - tl.where(subnormal, 23, 0)).to(tl.float32)
+    z = f * f
+    y = LOG_P0 * f + LOG_P1
+    y = y * f + LOG_P2
+    y = y * f + LOG_P3
+    y = y * f + LOG_P4
+    y = y * f + LOG_P5
+    y = y * f + LOG_P6
+    y = y * f + LOG_P7
+    y = y * f + LOG_P8
+    y = (y * f) * z
+    y = y + ef * LOG_LN2_LO
+    y = y - HALF * z
+    out = (f + y) + ef * LOG_LN2_HI
+    out = tl.where(x == POS_INF, POS_INF, out)
+    out = tl.where(x == 0.0, NEG_INF, out)
+    out = tl.where(x < 0.0, NAN, out)
+    return tl.where(x != x, x, out)
+
+
+# -- reciprocal (spec 7) -------------------------------------------------------
+
+@triton.jit
+def _split(a):
+    # Veltkamp split: a = hi + lo exactly, each half with at most 12 significant bits.
+    c = SPLIT * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+@triton.jit
+def reciprocal(s):
+    # 1/s for s in [1, 2**31] (a softmax denominator), as canonical.reciprocal.
+    # Two statements: in the interpreter `constexpr - tensor` is a constexpr
+    # wrapping the tensor, which has no .to() until an assignment unwraps it.
+    r_bits = RECIP_MAGIC - s.to(tl.int32, bitcast=True)
+    r = r_bits.to(tl.float32, bitcast=True)
+    for _ in tl.static_range(RECIP_NEWTON_STEPS):
+        r = r * (TWO - s * r)
+    p = s * r
+    sh, sl = _split(s)
+    rh, rl = _split(r)
+    err = (((sh * rh - p) + sh * rl) + sl * rh) + sl * rl    # s*r - p, exactly
+    e = (ONE - p) - err
+    return r + r * e

@@ -1,0 +1,62 @@
+"""Host-side launch geometry for the Triton kernels.
+
+The reduction structure is a function of the row length only (spec 3):
+W lanes (LANES, or next_pow2(n) when n <= LANES, which gives the same bits
+because padding is an exact identity) and G segments of SEGMENT elements
+whose partials sit in a GP = next_pow2(G) slot vector.
+
+How many rows one program handles (BLOCK_R) is free: rows are independent
+and every row-level operation acts along the lane axis only, so BLOCK_R
+changes speed, never a bit.  The interpreter pays a fixed Python cost per
+operation, so it takes large tiles; the GPU takes tiles of about LANES
+elements (one row when the row fills the lanes).
+"""
+
+import numpy as np
+import triton
+
+from ... import spec
+
+# Launch options of every kernel: no a*b+c may be contracted into an FMA.
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+
+# Elements per program tile in the interpreter: large enough that numpy,
+# not the per-operation Python overhead, dominates.
+INTERPRETER_TILE = 1 << 16
+
+
+def next_pow2(n):
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def row_layout(n_cols):
+    """(W, G, GP) for rows of n_cols elements: lanes, segments, segment slots."""
+    if n_cols <= spec.LANES:
+        return next_pow2(n_cols), 1, 1
+    n_segments = triton.cdiv(n_cols, spec.SEGMENT)
+    return spec.LANES, n_segments, next_pow2(n_segments)
+
+
+def block_rows(n_rows, width):
+    """Rows per program for a tile [BLOCK_R, width]; never changes a bit."""
+    if triton.knobs.runtime.interpret:
+        return min(next_pow2(n_rows), max(1, INTERPRETER_TILE // width))
+    return max(1, spec.LANES // width)
+
+
+def block_elements(n):
+    """Elements per program for the 1-D elementwise kernels."""
+    if triton.knobs.runtime.interpret:
+        return min(next_pow2(n), INTERPRETER_TILE)
+    return spec.LANES
+
+
+def launch(kernel, n_programs, *args, **constexprs):
+    """kernel[(n_programs,)](*args, **constexprs) with LAUNCH_OPTIONS.
+
+    In the interpreter the kernels' float32 arithmetic is numpy's, which warns
+    on inf - inf, 0 * inf and the like: IEEE cases the canonical order meets
+    on purpose (and resolves by selects), so those warnings are silenced.
+    """
+    with np.errstate(all="ignore"):
+        kernel[(n_programs,)](*args, **constexprs, **LAUNCH_OPTIONS)

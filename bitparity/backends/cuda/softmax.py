@@ -1,0 +1,224 @@
+"""The softmax family (spec 8): logsumexp, log_softmax, softmax, entropy, token_logprobs.
+
+Every kernel first computes the row statistics by segments (``_softmax_stats``,
+canonical._softmax_stats, spec 8.2): per segment the maximum m_g, then the
+canonical sums n_g of the exponentials exp(w - m_g) that are exactly 1 and
+t_g of the others; then the row shift, the partial trees count and rest,
+their TwoSum total + err, recip = 1/total and log_total = log(total) + err * recip.
+Each op then finishes with its own elementwise pass or canonical sum, in the
+order of the same-named function in canonical.py.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from . import canonical
+from .canonical import NEG_INF, SEGMENT, nan_max, neg_zeros, put, tree_max, tree_sum
+from .layout import block_rows, launch, row_layout
+
+
+@triton.jit
+def _rows(n_rows, n_cols, BLOCK_R: tl.constexpr):
+    # This program's rows: indices, in-range flags and element offsets, each [BLOCK_R].
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return rows, rows < n_rows, rows.to(tl.int64) * n_cols
+
+
+@triton.jit
+def _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK: tl.constexpr):
+    # offs, inside: [BLOCK_R, W] -> w = x * scale, and -inf where masked out
+    # (canonical._scaled) or outside the row (the -inf padding of the segment view).
+    w = tl.load(x_ptr + offs, mask=inside, other=0.0) * scale
+    keep = inside
+    if HAS_MASK:
+        keep = keep & tl.load(mask_ptr + offs, mask=inside, other=False)
+    return tl.where(keep, w, NEG_INF)
+
+
+@triton.jit
+def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # row_start, rows_ok: [BLOCK_R] -> (shift, total, log_total, recip), each [BLOCK_R].
+    neg_zero = neg_zeros(())
+    lanes = tl.arange(0, W)                                             # [W]
+    slots = tl.arange(0, GP)                                            # [GP]
+    # m_g, n_g and t_g of segment g in slot g.  The segments run in sequence
+    # here; a split-row version would give each segment its own program,
+    # write these [n_rows, GP] partials and combine them afterwards, same bits.
+    seg_maxes = tl.full((BLOCK_R, GP), NEG_INF, tl.float32)             # [BLOCK_R, GP]
+    seg_counts = neg_zeros((BLOCK_R, GP))                               # [BLOCK_R, GP]
+    seg_rests = neg_zeros((BLOCK_R, GP))                                # [BLOCK_R, GP]
+    for g in range(n_segments):
+        seg_start = g * SEGMENT
+        seg_end = tl.minimum(seg_start + SEGMENT, n_cols)
+        # Pass 1: m_g, the NaN-propagating maximum (+0.0 makes a zero maximum +0.0).
+        lane_max = tl.full((BLOCK_R, W), NEG_INF, tl.float32)           # [BLOCK_R, W]
+        for start in range(seg_start, seg_end, W):
+            cols = start + lanes
+            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+            w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
+            lane_max = nan_max(lane_max, w)
+        seg_max = tree_max(lane_max) + 0.0                              # [BLOCK_R]
+        seg_shift = tl.where(seg_max == NEG_INF, 0.0, seg_max)
+        # Pass 2: n_g and t_g, lane j adding the terms of w[j], w[j + W], ...
+        # in order, then the halving tree.  Lanes start at -0.0 (spec 3,
+        # step 2).  Zeros (masked, padding, underflow) enter both sums as
+        # -0.0, the exact identity, so the all-padding chunks of the last
+        # segment are skipped without changing a bit (spec 8.2).
+        lane_count = neg_zeros((BLOCK_R, W))                            # [BLOCK_R, W]
+        lane_rest = neg_zeros((BLOCK_R, W))                             # [BLOCK_R, W]
+        for start in range(seg_start, seg_end, W):
+            cols = start + lanes
+            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+            w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
+            e = canonical.exp(w - seg_shift[:, None])
+            one = e == 1.0
+            lane_count = lane_count + tl.where(one, 1.0, neg_zero)
+            lane_rest = lane_rest + tl.where(one | (e == 0.0), neg_zero, e)
+        seg_maxes = put(seg_maxes, slots, g, seg_max)
+        seg_counts = put(seg_counts, slots, g, tree_sum(lane_count))
+        seg_rests = put(seg_rests, slots, g, tree_sum(lane_rest))
+    row_max = tree_max(seg_maxes) + 0.0                                 # [BLOCK_R]
+    shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+    # Partial trees over the GP slots; the slots past the last segment are
+    # -0.0, selected rather than computed (their terms would be NaN when shift is).
+    used = (slots < n_segments)[None, :]                                # [1, GP]
+    c = canonical.exp(seg_maxes - shift[:, None])                       # [BLOCK_R, GP]
+    top = c == 1.0
+    count = tree_sum(tl.where(used & top, seg_counts, neg_zero))
+    rest = tree_sum(tl.where(used, tl.where(top, seg_rests, c * (seg_counts + seg_rests)), neg_zero))
+    # TwoSum: total + err == count + rest exactly.
+    total = count + rest
+    bb = total - count
+    err = (count - (total - bb)) + (rest - bb)
+    recip = tl.where(total == 0.0, 0.0, canonical.reciprocal(total))    # 0 for an empty row
+    return shift, total, canonical.log(total) + err * recip, recip
+
+
+@triton.jit
+def logsumexp_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                     HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask: [n_rows, n_cols]; out: [n_rows] = shift + log_total.
+    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    shift, _, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                                            HAS_MASK, BLOCK_R, W, GP)
+    tl.store(out_ptr + rows, shift + log_total, mask=rows_ok)
+
+
+@triton.jit
+def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                       HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask, out: [n_rows, n_cols]; out = (w - shift) - log_total, -inf on empty rows.
+    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
+                                                scale, HAS_MASK, BLOCK_R, W, GP)
+    empty = (total == 0.0)[:, None]                                     # [BLOCK_R, 1]
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        w = _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK)
+        out = (w - shift[:, None]) - log_total[:, None]
+        tl.store(out_ptr + offs, tl.where(empty, NEG_INF, out), mask=inside)
+
+
+@triton.jit
+def softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask, out: [n_rows, n_cols]; out = exp(w - shift) * recip (recip is 0 on empty rows).
+    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    shift, _, _, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                                        HAS_MASK, BLOCK_R, W, GP)
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        w = _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK)
+        tl.store(out_ptr + offs, canonical.exp(w - shift[:, None]) * recip[:, None], mask=inside)
+
+
+@triton.jit
+def entropy_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask: [n_rows, n_cols]; out: [n_rows] = canonical sum of
+    # (e_i * recip) * (log_total - d_i), d_i = w_i - shift, e_i = exp(d_i),
+    # with -0.0 where e_i == 0 (spec 8.4), then + 0.0.
+    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    shift, _, log_total, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
+                                                scale, HAS_MASK, BLOCK_R, W, GP)
+    neg_zero = neg_zeros(())
+    lanes = tl.arange(0, W)
+    slots = tl.arange(0, GP)
+    # The canonical sum of the terms: the segments, lanes and trees of sum_kernel.
+    partials = neg_zeros((BLOCK_R, GP))                                 # [BLOCK_R, GP]
+    for g in range(n_segments):
+        seg_start = g * SEGMENT
+        seg_end = tl.minimum(seg_start + SEGMENT, n_cols)
+        acc = neg_zeros((BLOCK_R, W))                                   # [BLOCK_R, W]
+        for start in range(seg_start, seg_end, W):
+            cols = start + lanes
+            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+            w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
+            d = w - shift[:, None]
+            e = canonical.exp(d)
+            terms = (e * recip[:, None]) * (log_total[:, None] - d)
+            # -0.0 where e == 0, and -0.0 padding outside the row whatever
+            # the terms there would be (a NaN e keeps its NaN term).
+            acc = acc + tl.where(inside & (e != 0.0), terms, neg_zero)
+        partials = put(partials, slots, g, tree_sum(acc))
+    tl.store(out_ptr + rows, tree_sum(partials) + 0.0, mask=rows_ok)
+
+
+@triton.jit
+def token_logprobs_kernel(x_ptr, tokens_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x: [n_rows, n_cols], tokens: [n_rows] int64; out: [n_rows] =
+    # (w[token] - shift) - log_total, -inf on empty rows: log_softmax's bits at the token.
+    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                                                False, BLOCK_R, W, GP)
+    tokens = tl.load(tokens_ptr + rows, mask=rows_ok, other=0)          # [BLOCK_R]
+    chosen = tl.load(x_ptr + row_start + tokens, mask=rows_ok, other=0.0) * scale
+    out = (chosen - shift) - log_total
+    tl.store(out_ptr + rows, tl.where(total == 0.0, NEG_INF, out), mask=rows_ok)
+
+
+def _launch(kernel, x, second, scale, out, **constexprs):
+    # second: the mask (or x itself when there is none), or the token ids.
+    n_rows, n_cols = x.shape
+    width, n_segments, slots = row_layout(n_cols)
+    rows = block_rows(n_rows, width)
+    launch(kernel, triton.cdiv(n_rows, rows), x, second, out, n_rows, n_cols, n_segments, float(scale),
+           BLOCK_R=rows, W=width, GP=slots, **constexprs)
+    return out
+
+
+def _masked(kernel, x, mask, scale, out):
+    return _launch(kernel, x, x if mask is None else mask, scale, out, HAS_MASK=mask is not None)
+
+
+def _row_out(x):
+    return torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+
+
+def logsumexp(x, mask, scale):
+    return _masked(logsumexp_kernel, x, mask, scale, _row_out(x))
+
+
+def log_softmax(x, mask, scale):
+    return _masked(log_softmax_kernel, x, mask, scale, torch.empty_like(x))
+
+
+def softmax(x, mask, scale):
+    return _masked(softmax_kernel, x, mask, scale, torch.empty_like(x))
+
+
+def entropy(x, mask, scale):
+    return _masked(entropy_kernel, x, mask, scale, _row_out(x))
+
+
+def token_logprobs(x, tokens, scale):
+    return _launch(token_logprobs_kernel, x, tokens, scale, _row_out(x))

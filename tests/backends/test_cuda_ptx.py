@@ -1,0 +1,156 @@
+"""What the cuda backend's kernels become on a GPU, checked without one.
+
+Every Triton kernel of bitparity/backends/cuda is compiled offline for sm_90
+(H100/H200) with the launch options the backend uses (enable_fp_fusion=False),
+and its PTX (and SASS, disassembled by the nvdisasm that ships with triton) is
+searched for instructions that would change bits: fused multiply-adds,
+approximate or special-function instructions, and flush-to-zero.  A negative
+control compiles a*b+c with fusion on and checks that the same checker
+catches the FMA, so a pass is not an empty search.
+
+The compile runs in one subprocess, because TRITON_INTERPRET=1 (which this
+test session may have set for the interpreter-backed tests) turns every
+@triton.jit function into an interpreted one that cannot be compiled.  The
+triton wheel ships ptxas, which the compiler queries for the PTX version even
+to emit PTX, and nvdisasm; no GPU or CUDA toolkit is needed.
+Run this file directly (python test_cuda_ptx.py OUT.json) to do the compile alone.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+_ROWS = {"x_ptr": "*fp32", "mask_ptr": "*i1", "out_ptr": "*fp32",
+         "n_rows": "i32", "n_cols": "i32", "n_segments": "i32"}
+# A long-row configuration (LANES lanes, 16 segment slots, one row per
+# program as on the GPU, with a mask) exercises every loop and tree level.
+_LONG = {"BLOCK_R": 1, "W": 1024, "GP": 16}
+_SOFTMAX = {**_ROWS, "scale": "fp32"}
+_ELEMENTWISE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+
+# name -> (module, kernel, runtime-argument types, constexpr values)
+KERNELS = {
+    "sum": ("reduce", "sum_kernel", _ROWS, {"HAS_MASK": True, **_LONG}),
+    "logsumexp": ("softmax", "logsumexp_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
+    "log_softmax": ("softmax", "log_softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
+    "softmax": ("softmax", "softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
+    "entropy": ("softmax", "entropy_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
+    "token_logprobs": ("softmax", "token_logprobs_kernel",
+                       {**_SOFTMAX, "mask_ptr": None, "tokens_ptr": "*i64"}, _LONG),
+    "exp": ("elementwise", "exp_kernel", _ELEMENTWISE, {"BLOCK": 1024}),
+    "log": ("elementwise", "log_kernel", _ELEMENTWISE, {"BLOCK": 1024}),
+}
+CONTROL = ("control_fused", "control_unfused")
+
+# Float instructions that must not appear.  fma/mad: fused multiply-add (one
+# rounding instead of two).  .approx / .ftz: approximate results, flushed
+# subnormals.  div/rcp/sqrt/ex2/lg2/...: platform division and transcendental
+# functions, none of which the canonical order uses.  add/sub/mul without an
+# explicit rounding mode: ptxas may contract those into an FMA.
+_PTX_FORBIDDEN = re.compile(
+    r"\b(?:fma|mad)\.[\w.]*f32\b"
+    r"|\.approx\b|\.ftz\b"
+    r"|\b(?:div|rcp|sqrt|rsqrt|ex2|lg2|sin|cos|tanh)\.[\w.]*f32\b"
+    r"|\b(?:add|sub|mul)\.f32\b")
+# SASS: FFMA (fused), MUFU (the special-function unit: approximate), .FTZ.
+_SASS_FORBIDDEN = re.compile(r"\bFFMA\b|\bMUFU\b|\.FTZ\b")
+
+
+def forbidden(ptx, sass):
+    """The offending instructions, each with the line it is on."""
+    found = [line.strip() for line in ptx.splitlines() if _PTX_FORBIDDEN.search(line)]
+    if sass is not None:
+        found += [line.strip() for line in sass.splitlines() if _SASS_FORBIDDEN.search(line)]
+    return found
+
+
+# -- The compile, run in a subprocess with TRITON_INTERPRET=0 -------------------
+
+def _compile_all(out_path):
+    import importlib
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def control_kernel(a_ptr, b_ptr, c_ptr, out_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + offs)
+        b = tl.load(b_ptr + offs)
+        c = tl.load(c_ptr + offs)
+        tl.store(out_ptr + offs, a * b + c)
+
+    target = GPUTarget("cuda", 90, 32)
+    nvdisasm = triton.knobs.nvidia.nvdisasm.path
+
+    def build(fn, signature, constexprs, fusion):
+        signature = {name: ty for name, ty in signature.items() if ty is not None}
+        signature.update({name: "constexpr" for name in constexprs})
+        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=target,
+                                options={"enable_fp_fusion": fusion})
+        sass = None
+        if nvdisasm and os.access(nvdisasm, os.X_OK):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                cubin.write(kernel.asm["cubin"])
+                cubin.flush()
+                sass = subprocess.run([nvdisasm, cubin.name], capture_output=True, text=True,
+                                      check=True).stdout
+        return {"ptx": kernel.asm["ptx"], "sass": sass}
+
+    results = {}
+    for name, (module, kernel, signature, constexprs) in KERNELS.items():
+        fn = getattr(importlib.import_module(f"bitparity.backends.cuda.{module}"), kernel)
+        results[name] = build(fn, signature, constexprs, fusion=False)
+    control_signature = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "out_ptr": "*fp32"}
+    results["control_fused"] = build(control_kernel, control_signature, {"BLOCK": 256}, fusion=True)
+    results["control_unfused"] = build(control_kernel, control_signature, {"BLOCK": 256}, fusion=False)
+    with open(out_path, "w") as out:
+        json.dump(results, out)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out_path = tmp_path_factory.mktemp("cuda_ptx") / "kernels.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, __file__, str(out_path)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"offline compile failed:\n{run.stdout}\n{run.stderr}"
+    with open(out_path) as results:
+        return json.load(results)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_kernel_has_only_canonical_float_instructions(compiled, name):
+    ptx, sass = compiled[name]["ptx"], compiled[name]["sass"]
+    assert ".entry" in ptx and ".target sm_90" in ptx
+    # The search must have something to search: the canonical adds are there,
+    # as IEEE round-to-nearest instructions that ptxas may not fuse.
+    assert "add.rn.f32" in ptx
+    if name != "sum":
+        assert "mul.rn.f32" in ptx
+    if name not in ("sum", "exp", "log"):
+        assert "max.NaN.f32" in ptx, "the maximum must propagate NaN (spec 4)"
+    if sass is not None:
+        assert "FADD" in sass
+    assert forbidden(ptx, sass) == []
+
+
+def test_checker_catches_fused_multiply_add(compiled):
+    fused, unfused = compiled["control_fused"], compiled["control_unfused"]
+    assert any("fma.rn.f32" in line for line in forbidden(fused["ptx"], None))
+    if fused["sass"] is not None:
+        assert any("FFMA" in line for line in forbidden("", fused["sass"]))
+    assert forbidden(unfused["ptx"], unfused["sass"]) == []
+
+
+if __name__ == "__main__":
+    _compile_all(sys.argv[1])
