@@ -9,7 +9,8 @@ import bitparity
 
 # Database-free and derandomized: CI runs the same examples every time.
 settings.register_profile("ci", database=None, derandomize=True, deadline=None, max_examples=60,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                 HealthCheck.function_scoped_fixture])  # backend fixtures hold only a name
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 IMPLEMENTATIONS = ("cpu", "cuda", "ascend")      # compared bit for bit with the numpy backend

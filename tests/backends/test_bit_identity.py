@@ -8,8 +8,12 @@ shape: around one vector repeat (64), one lane block (1024), one segment
 
 import functools
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import bitparity as bp
 from bitparity.compare import cases
@@ -85,3 +89,17 @@ def test_bf16_inputs_match_canonical(backend, n):
 def test_elementwise_match_canonical(backend, op):
     x = cases.make_elementwise(op, 200_000, seed=3)
     assert_same_bits(run(op, backend, x), run(op, "numpy", x))
+
+
+@settings(max_examples=25)
+@given(st.data())
+def test_random_shapes_values_and_masks_match_canonical(backend, data):
+    """Hypothesis-chosen rows: any length up to two lane blocks, any float32 including specials, any mask."""
+    rows = data.draw(st.integers(1, 4), label="rows")
+    n = data.draw(st.integers(1, 2100), label="n")
+    x = torch.from_numpy(data.draw(hnp.arrays(np.float32, (rows, n), elements=st.floats(width=32)), label="x"))
+    mask = torch.from_numpy(data.draw(hnp.arrays(np.bool_, (rows, n)), label="mask"))
+    temperature = data.draw(st.sampled_from([1.0, 0.7, 3.0]), label="temperature")
+    for op in ROW_OPS:
+        kw = {} if op == "sum" else {"temperature": temperature}
+        assert_same_bits(run(op, backend, x, mask, **kw), run(op, "numpy", x, mask, **kw))
