@@ -35,7 +35,8 @@ def _strip_comments(text):
 
 def test_kernels_call_no_vendor_math():
     sources = host_emulation.KERNEL_SOURCES + host_emulation.KERNEL_HEADERS
-    assert {p.name for p in sources} >= {"canonical.h", "reduce.cpp", "softmax.cpp", "elementwise.cpp"}
+    assert {p.name for p in sources} >= {"canonical.h", "reduce.cpp", "softmax.cpp", "elementwise.cpp", "masked.cpp",
+                                         "kl.cpp", "gae.cpp", "ppo.cpp"}
     found = [f"{p.name}: {m.group(0)}" for p in sources
              for m in FORBIDDEN_CALL.finditer(_strip_comments(p.read_text()))]
     assert not found, f"vendor instructions in the canonical path: {found}"
@@ -278,6 +279,73 @@ int set_without_wait() {
     });
 }
 
+// Four runs of 5 floats at a GM pitch of 13 land in UB at a pitch of 8 (each run padded
+// to one 32-byte block), are transposed to [5, 4] by Gather, and leave again at a GM
+// pitch of 11.
+int strided_copy_and_gather() {
+    return Run([] {
+        Pipeline p;
+        for (uint32_t i = 0; i < 4 * N; ++i) gmIn[i] = static_cast<float>(i);
+        TBuf<TPosition::VECCALC> offsets, gathered;
+        p.pipe.InitBuffer(offsets, N * sizeof(uint32_t));
+        p.pipe.InitBuffer(gathered, N * sizeof(float));
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopyPad(x, p.src, DataCopyExtParams{4, 5 * sizeof(float), 8 * sizeof(float), 0, 0},
+                    DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
+        p.in.EnQue(x);
+        x = p.in.DeQue<float>();
+        LocalTensor<uint32_t> off = offsets.Get<uint32_t>();
+        for (uint32_t i = 0; i < N; ++i) off.SetValue(i, ((i % 4) * 8 + (i / 4) % 5) * sizeof(float));
+        SetFlag<HardEvent::S_V>(0);
+        WaitFlag<HardEvent::S_V>(0);
+        LocalTensor<float> g = gathered.Get<float>();
+        Gather(g, x, off, 0, N);
+        LocalTensor<float> y = p.out.AllocTensor<float>();
+        Muls(y, x, 1.0f, N);
+        SetFlag<HardEvent::V_S>(0);
+        WaitFlag<HardEvent::V_S>(0);
+        for (uint32_t r = 0; r < 4; ++r) {
+            for (uint32_t c = 0; c < 5; ++c) {
+                if (g.GetValue(c * 4 + r) != gmIn[r * 13 + c]) Fail("Gather moved the wrong elements");
+            }
+            if (x.GetValue(r * 8 + 5) != gmIn[r * 13]) Fail("a run's dummy padding is not its first element");
+        }
+        p.out.EnQue(y);
+        p.in.FreeTensor(x);
+        y = p.out.DeQue<float>();
+        DataCopyPad(p.dst, y, DataCopyExtParams{4, 5 * sizeof(float), 0, 6 * sizeof(float), 0});
+        p.out.FreeTensor(y);
+        for (uint32_t r = 0; r < 4; ++r) {
+            for (uint32_t c = 0; c < 5; ++c) {
+                if (gmOut[r * 11 + c] != gmIn[r * 13 + c]) Fail("strided DataCopyPad moved the wrong elements");
+            }
+        }
+    });
+}
+
+int strided_copy_overflows_tensor() {
+    return Run([] {
+        Pipeline p;
+        LocalTensor<float> x = p.in.AllocTensor<float>();
+        DataCopyPad(x, p.src, DataCopyExtParams{4, 5 * sizeof(float), 0, 2, 0},
+                    DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
+        p.in.FreeTensor(x);
+    });
+}
+
+int gather_outside_src() {
+    return Run([] {
+        TPipe pipe;
+        TBuf<TPosition::VECCALC> src, dst, offsets;
+        pipe.InitBuffer(src, N * sizeof(float));
+        pipe.InitBuffer(dst, N * sizeof(float));
+        pipe.InitBuffer(offsets, N * sizeof(uint32_t));
+        Duplicate(src.Get<float>(), 1.0f, N);
+        Duplicate(offsets.Get<uint32_t>().ReinterpretCast<int32_t>(), static_cast<int32_t>(N * sizeof(float)), N);
+        Gather(dst.Get<float>(), src.Get<float>(), offsets.Get<uint32_t>(), 0, N);
+    });
+}
+
 int copy_out_before_enque() {
     return Run([] {
         Pipeline p;
@@ -311,6 +379,8 @@ MISUSES = {
     "wait_without_set": r"waits forever",
     "set_without_wait": r"never waited for",
     "copy_out_before_enque": r"enqueued and dequeued",
+    "strided_copy_overflows_tensor": r"do not fit",
+    "gather_outside_src": r"outside src",
 }
 
 
@@ -329,6 +399,10 @@ def misuse(tmp_path_factory):
 
 def test_well_formed_kernel_passes(misuse):
     assert misuse("well_formed") == (0, "")
+
+
+def test_strided_copy_and_gather_move_the_documented_elements(misuse):
+    assert misuse("strided_copy_and_gather") == (0, "")
 
 
 @pytest.mark.parametrize("name", sorted(MISUSES))
@@ -403,3 +477,42 @@ def test_availability_says_what_runs():
     available, reason = ascend.availability()
     assert available, reason
     assert ("on the NPU" in reason) if npu_ops.npu_present() else ("a test double: not an NPU" in reason)
+
+
+@pytest.mark.parametrize("rows,cols", ((9, 70), (130, 33), (3, 16385)))
+def test_rl_kernels_core_count_changes_no_bit(rows, cols):
+    """GAE puts 64 rows in a vector's lanes and the rows' shares on cores; the other RL kernels spread rows or
+    tiles.  No core count may move a bit, and one core must give the canonical bits (130 rows: tiles of 64,
+    64 and 2; 16385 steps: a last time block of one step)."""
+    g = torch.Generator().manual_seed(rows * cols)
+    x, y, z = (torch.randn(rows, cols, generator=g) for _ in range(3))
+    x[0, ::5] = float("nan")
+    mask = torch.rand(rows, cols, generator=g) < 0.7
+    boot = torch.randn(rows, generator=g)
+    gamma, gl = 0.99, float(np.float32(0.99) * np.float32(0.95))
+    runs = {}
+    for blocks in (1, 4, 9, 40):
+        runs[blocks] = [
+            host_emulation.row_op("masked_mean", x, mask, blocks=blocks),
+            host_emulation.masked_whiten(x, mask, True, True, 1e-8, blocks=blocks),
+            host_emulation.kl_penalty(x.flatten(), y.flatten(), 2, 10.0, 20.0, blocks=blocks),
+            *host_emulation.gae(x, y, mask, boot, gamma, gl, False, blocks=blocks),
+            *host_emulation.gae(x, y, mask, boot, gamma, gl, True, blocks=blocks),
+            *host_emulation.ppo_token_losses(x * 0.1, y * 0.1, z, 0.8, 1.28, 3.0, 20.0, blocks=blocks),
+        ]
+    xs, ys, zs, ms = x.numpy(), y.numpy(), z.numpy(), mask.numpy()
+    with np.errstate(all="ignore"):
+        loss, clipped = canonical.ppo_token_losses(xs * np.float32(0.1), ys * np.float32(0.1), zs, 0.8, 1.28, 3.0, 20.0)
+        want = [
+            canonical.masked_mean(xs, ms),
+            canonical.masked_whiten(xs, ms, True, True, np.float32(1e-8)),
+            canonical.kl_penalty(xs.flatten(), ys.flatten(), "k3", 10.0, 20.0),
+            *canonical.gae(xs, ys, ms, boot.numpy(), np.float32(gamma), np.float32(gl), "carry"),
+            *canonical.gae(xs, ys, ms, boot.numpy(), np.float32(gamma), np.float32(gl), "zero"),
+            loss, clipped.astype(np.float32),
+        ]
+    for got, expected in zip(runs[1], want):
+        assert torch.equal(_bits(got), _bits(torch.from_numpy(np.ascontiguousarray(expected)))), "1 core vs canonical"
+    for blocks, results in runs.items():
+        for got, first in zip(results, runs[1]):
+            assert torch.equal(_bits(got), _bits(first)), f"{blocks} cores differ from 1"

@@ -16,9 +16,14 @@ They run in one of two ways:
     cross-pipe syncs).  It is a test double that runs on CPU tensors, not an NPU.
 """
 
+import math
+
 from . import host_emulation, npu_ops
 
 NAME = "ascend"
+
+# ops.KL_KINDS as kernels/kl.cpp's KlKind codes.
+_KL_KIND_CODES = {"k1": 0, "k2": 1, "k3": 2, "abs": 3}
 
 _mode = []
 
@@ -92,3 +97,59 @@ def log(x):
     if _on_npu():
         return npu_ops.op("log")(x)
     return host_emulation.elementwise("log", x)
+
+
+def _unset_as_inf(bound):
+    """An unset clamp or dual clip becomes +inf, which changes no bit (kernels/kl.cpp, kernels/ppo.cpp)."""
+    return math.inf if bound is None else bound
+
+
+def _masked_mean(x, mask):
+    """[R, N] -> [R]; mask None counts every entry (the PPO mean over sequences)."""
+    if _on_npu():
+        return npu_ops.op("masked_mean")(x, mask)
+    return host_emulation.row_op("masked_mean", x, mask)
+
+
+def masked_mean(x, mask):
+    return _masked_mean(x, mask)
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps):
+    if _on_npu():
+        return npu_ops.op("masked_whiten")(x, mask, shift_mean, unbiased, eps)
+    return host_emulation.masked_whiten(x, mask, shift_mean, unbiased, eps)
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
+    args = (logp, ref_logp, _KL_KIND_CODES[kind], _unset_as_inf(clamp), _unset_as_inf(log_ratio_clamp))
+    if _on_npu():
+        return npu_ops.op("kl_penalty")(*args)
+    return host_emulation.kl_penalty(*args)
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
+    args = (rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode == "zero")
+    if _on_npu():
+        return tuple(npu_ops.op("gae")(*args))
+    return host_emulation.gae(*args)
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
+    """Per-token losses from kernels/ppo.cpp, then the spec 17.2 aggregation by the reduction kernels:
+    token-mean is the masked mean of all B*T tokens as one row; the sequence modes reduce each row
+    (masked sum or masked mean), then take the mean of the B values as one row with every entry counted."""
+    args = (logp, old_logp, advantages, ratio_low, ratio_high, _unset_as_inf(dual_clip), _unset_as_inf(ratio_clamp))
+    if _on_npu():
+        loss, clipped = npu_ops.op("ppo_token_losses")(*args)
+    else:
+        loss, clipped = host_emulation.ppo_token_losses(*args)
+    flat_mask = mask.reshape(1, -1)
+    if agg == "token-mean":
+        total = _masked_mean(loss.reshape(1, -1), flat_mask)
+    elif agg == "seq-mean-token-sum":
+        total = _masked_mean(sum(loss, mask).reshape(1, -1), None)
+    else:
+        total = _masked_mean(_masked_mean(loss, mask).reshape(1, -1), None)
+    frac = _masked_mean(clipped.reshape(1, -1), flat_mask)
+    return total.reshape(()), frac.reshape(())

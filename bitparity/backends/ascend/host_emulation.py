@@ -36,6 +36,7 @@ FLAGS = ("-std=c++17", "-fno-strict-aliasing", "-fvect-cost-model=dynamic", "-Wa
 BLOCKS = 40
 
 # The longest row: kernels/tiling.h keeps MAX_SEGMENTS = 1024 per-segment partials in UB.
+# It also keeps the float32 counts of kernels/masked.cpp exact (every count <= 2**24).
 MAX_ROW = 1024 * spec.SEGMENT
 
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
@@ -49,6 +50,11 @@ _SIGNATURES = {
     "bp_token_logprobs": [_U32, _P, _P, _P, _U32, _U32, _F32],
     "bp_exp": [_U32, _P, _P, _U32],
     "bp_log": [_U32, _P, _P, _U32],
+    "bp_masked_mean": [_U32, _P, _P, _P, _U32, _U32, _U32],          # blocks, x, mask, out, rows, cols, hasMask
+    "bp_masked_whiten": [_U32, _P, _P, _P, _U32, _U32, _U32, _U32, _F32],   # ..., shiftMean, unbiased, eps
+    "bp_kl_penalty": [_U32, _P, _P, _P, _U32, _U32, _F32, _F32],     # blocks, logp, ref, out, n, kind, clamps
+    "bp_gae": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32, _F32, _F32, _U32],
+    "bp_ppo_token_losses": [_U32, _P, _P, _P, _P, _P, _U32, _F32, _F32, _F32, _F32],
 }
 
 _lock = threading.Lock()
@@ -102,7 +108,8 @@ def _blocks(items, blocks):
 
 
 def row_op(op, x, other, scale=None, blocks=None):
-    """[R, N] -> [R]: sum (other = mask), logsumexp/entropy (mask, scale), token_logprobs (tokens, scale)."""
+    """[R, N] -> [R]: sum and masked_mean (other = mask or None: every entry counts),
+    logsumexp/entropy (mask, scale), token_logprobs (tokens, scale)."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, dtype=torch.float32)
@@ -111,7 +118,7 @@ def row_op(op, x, other, scale=None, blocks=None):
         args.append(scale)
     else:
         args.append(int(other is not None))
-        if op != "sum":
+        if op not in ("sum", "masked_mean"):
             args.append(scale)
     check(lib, getattr(lib, f"bp_{op}")(*args))
     return out
@@ -127,13 +134,64 @@ def map_op(op, x, mask, scale, blocks=None):
     return out
 
 
-def elementwise(op, x, blocks=None):
-    """[n] -> [n]: exp, log."""
-    lib = library()
+def _flat_count(x):
     n = x.numel()
     if n >= 2**32:
         raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {n}")
+    return n
+
+
+def elementwise(op, x, blocks=None):
+    """[n] -> [n]: exp, log."""
+    lib = library()
+    n = _flat_count(x)
     out = torch.empty_like(x)
     tiles = -(-n // spec.LANES)
     check(lib, getattr(lib, f"bp_{op}")(_blocks(tiles, blocks), x.data_ptr(), out.data_ptr(), n))
     return out
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps, blocks=None):
+    """[R, N] -> [R, N]: each row whitened over its counted entries."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_masked_whiten(_blocks(rows, blocks), x.data_ptr(), mask.data_ptr(), out.data_ptr(), rows, cols,
+                                    int(shift_mean), int(unbiased), eps))
+    return out
+
+
+def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp, blocks=None):
+    """[n] -> [n]; kind is kernels/kl.cpp's KlKind code, an unset clamp +inf."""
+    lib = library()
+    n = _flat_count(logp)
+    out = torch.empty_like(logp)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_kl_penalty(_blocks(tiles, blocks), logp.data_ptr(), ref_logp.data_ptr(), out.data_ptr(), n,
+                                 kind, clamp, log_ratio_clamp))
+    return out
+
+
+def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, zero_mode, blocks=None):
+    """[B, T] -> (advantages, returns), [B, T] each."""
+    lib = library()
+    rows, cols = _dims(rewards)
+    adv = torch.empty(rows, cols, dtype=torch.float32)
+    ret = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_gae(_blocks(rows, blocks), rewards.data_ptr(), values.data_ptr(), mask.data_ptr(),
+                          bootstrap.data_ptr(), adv.data_ptr(), ret.data_ptr(), rows, cols, gamma, gamma_lambda,
+                          int(zero_mode)))
+    return adv, ret
+
+
+def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp, blocks=None):
+    """Tokens -> (loss, clipped as 1.0/0.0), each shaped like logp; an unset dual clip or clamp is +inf."""
+    lib = library()
+    n = _flat_count(logp)
+    loss = torch.empty_like(logp)
+    clipped = torch.empty_like(logp)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_ppo_token_losses(_blocks(tiles, blocks), logp.data_ptr(), old_logp.data_ptr(),
+                                       advantages.data_ptr(), loss.data_ptr(), clipped.data_ptr(), n, ratio_low,
+                                       ratio_high, dual_clip, ratio_clamp))
+    return loss, clipped

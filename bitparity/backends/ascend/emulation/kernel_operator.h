@@ -12,10 +12,10 @@
 //   * Arithmetic: float32 Add/Sub/Mul/Adds/Muls are IEEE-754 binary32 with
 //     round-to-nearest-even and subnormals kept (the launch shim clears the host
 //     FTZ/DAZ bits), one rounding per instruction.  int32 Add/Sub/Adds wrap.
-//   * Max/Maxs/Mins with a NaN operand: undocumented on A2.  The emulation
+//   * Max/Min/Maxs/Mins with a NaN operand: undocumented on A2.  The emulation
 //     returns the non-NaN operand (IEEE maxNum/minNum), the choice least
-//     favourable to NaN propagation, so a kernel that relied on Max to
-//     propagate NaN fails here.  Which of +0/-0 Max returns is also
+//     favourable to NaN propagation, so a kernel that relied on Max or Min to
+//     propagate NaN fails here.  Which of +0/-0 Max or Min returns is also
 //     unspecified; the emulation returns src1.
 //   * Compare/Compares: IEEE ordered comparisons (NaN compares unequal to
 //     everything).  Result bit i (LSB first within each byte) is element i.
@@ -29,11 +29,18 @@
 //   * DataCopy GM<->UB: UB address 32-byte aligned, count * sizeof(T) a
 //     multiple of 32 B (hardware silently rounds the length down; here that is
 //     an error, since a truncated copy is always a kernel bug), GM address
-//     aligned to sizeof(T).  DataCopyPad (blockCount 1, no left padding): UB
-//     address 32-byte aligned; the dummy bytes up to the next 32-byte boundary
-//     are the first element of the block (isPad false, rightPadding 0, as
-//     documented), paddingValue (isPad true), or poison (isPad false with
-//     rightPadding, documented as random).
+//     aligned to sizeof(T).  DataCopyPad (blockCount 1 .. 4095 blocks of
+//     blockLen bytes, no left padding): UB address 32-byte aligned; each block
+//     occupies whole 32-byte UB blocks, its dummy bytes up to the next 32-byte
+//     boundary being the block's first element (isPad false, rightPadding 0,
+//     as documented), paddingValue (isPad true), or poison (isPad false with
+//     rightPadding, documented as random).  Strides are tail-to-head gaps
+//     between consecutive blocks: in bytes on the GM side, in 32-byte blocks
+//     on the UB side.
+//   * Gather (the first-count form): dst[i] = the element at byte
+//     srcBaseAddr + srcOffset[i] of src, bits unchanged.  Offsets must be
+//     aligned to sizeof(T) and the element must lie inside the src tensor;
+//     dst must not overlap src or the offsets.
 //   * Vector operands: 32-byte aligned UB start, within the tensor, and either
 //     exactly the destination or disjoint from it (the documented overlap rule).
 //   * TPipe/TQue/TBuf: InitBuffer rounds lengths up to 32 B, fails beyond the
@@ -641,6 +648,12 @@ void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTenso
 }
 
 template <typename T>
+void Min(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1, const int32_t& count) {
+    static_assert(std::is_same<T, float>::value, "Min: only float is modelled");
+    emu::Binary("Min", dst, src0, src1, count, emu::MinNum);
+}
+
+template <typename T>
 void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& scalarValue, const int32_t& count) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, int32_t>::value, "Adds: float or int32_t");
     const T s = scalarValue;
@@ -920,27 +933,58 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const uint3
     std::memcpy(dst.EmuAddress(), emu::Mte3Source(src, bytes, "DataCopy"), bytes);
 }
 
+namespace emu {
+
+// The geometry of a DataCopyPad: blockCount blocks of blockLen bytes; on the UB side each block
+// starts 32-byte aligned, occupies whole 32-byte blocks and is followed by ubGap blocks; on the
+// GM side blocks follow each other with gmGap bytes between them.
+struct PadCopyGeometry {
+    uint32_t blocks, elems;     // blocks; elements per block
+    uint32_t ubBlock;           // UB bytes a block occupies: blockLen (+ right padding) rounded up to 32
+    uint32_t ubPitch, gmPitch;  // UB and GM bytes from the start of one block to the next
+    uint64_t ubBytes, gmElems;  // the extent touched on each side
+};
+
+template <typename T>
+PadCopyGeometry PadGeometry(const DataCopyExtParams& p, uint32_t ubGap, uint32_t gmGap, uint32_t rightPadding) {
+    if (p.blockCount > 4095) Fail("DataCopyPad: blockCount " + std::to_string(p.blockCount) + " exceeds 4095");
+    if (p.blockLen % sizeof(T) != 0) Fail("DataCopyPad: blockLen must be a multiple of sizeof(T)");
+    if (gmGap % sizeof(T) != 0) Fail("DataCopyPad: the GM stride must be a multiple of sizeof(T)");
+    PadCopyGeometry g;
+    g.blocks = p.blockCount;
+    g.elems = p.blockLen / sizeof(T);
+    g.ubBlock = (p.blockLen + rightPadding * sizeof(T) + UB_BLOCK - 1) / UB_BLOCK * UB_BLOCK;
+    g.ubPitch = g.ubBlock + ubGap * UB_BLOCK;
+    g.gmPitch = p.blockLen + gmGap;
+    g.ubBytes = static_cast<uint64_t>(g.blocks - 1) * g.ubPitch + g.ubBlock;
+    g.gmElems = (static_cast<uint64_t>(g.blocks - 1) * g.gmPitch + p.blockLen) / sizeof(T);
+    return g;
+}
+
+}  // namespace emu
+
 template <typename T>
 void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyExtParams& dataCopyParams,
                  const DataCopyPadExtParams<T>& padParams) {
     const DataCopyExtParams& p = dataCopyParams;
     if (p.blockCount == 0 || p.blockLen == 0) return;   // a NOP on A2
-    if (p.blockCount != 1) Fail("DataCopyPad: only blockCount 1 is modelled");
-    if (p.blockLen % sizeof(T) != 0) Fail("DataCopyPad: blockLen must be a multiple of sizeof(T)");
     if (padParams.leftPadding != 0) Fail("DataCopyPad: leftPadding is not modelled");
     if (padParams.rightPadding * sizeof(T) > UB_BLOCK) Fail("DataCopyPad: rightPadding may not exceed 32 bytes");
-    const uint32_t elems = p.blockLen / sizeof(T);
-    const uint32_t padded = (p.blockLen + padParams.rightPadding * sizeof(T) + UB_BLOCK - 1) / UB_BLOCK * UB_BLOCK;
-    src.Check(0, elems, "DataCopyPad");
-    T* out = emu::Mte2Destination(dst, padded, "DataCopyPad");
-    std::memcpy(out, src.EmuAddress(), p.blockLen);
-    for (uint32_t i = elems; i < padded / sizeof(T); ++i) {
-        if (padParams.isPad) {
-            out[i] = padParams.paddingValue;
-        } else if (padParams.rightPadding == 0) {
-            out[i] = out[0];
-        } else {
-            std::memset(&out[i], 0xFF, sizeof(T));
+    const emu::PadCopyGeometry g = emu::PadGeometry<T>(p, p.dstStride, p.srcStride, padParams.rightPadding);
+    src.Check(0, g.gmElems, "DataCopyPad");
+    uint8_t* ub = reinterpret_cast<uint8_t*>(emu::Mte2Destination(dst, g.ubBytes, "DataCopyPad"));
+    const uint8_t* gm = reinterpret_cast<const uint8_t*>(src.EmuAddress());
+    for (uint32_t b = 0; b < g.blocks; ++b) {
+        T* out = reinterpret_cast<T*>(ub + static_cast<uint64_t>(b) * g.ubPitch);
+        std::memcpy(out, gm + static_cast<uint64_t>(b) * g.gmPitch, p.blockLen);
+        for (uint32_t i = g.elems; i < g.ubBlock / sizeof(T); ++i) {
+            if (padParams.isPad) {
+                out[i] = padParams.paddingValue;
+            } else if (padParams.rightPadding == 0) {
+                out[i] = out[0];
+            } else {
+                std::memset(&out[i], 0xFF, sizeof(T));
+            }
         }
     }
     emu::EndInstruction();
@@ -950,10 +994,37 @@ template <typename T>
 void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyExtParams& dataCopyParams) {
     const DataCopyExtParams& p = dataCopyParams;
     if (p.blockCount == 0 || p.blockLen == 0) return;
-    if (p.blockCount != 1) Fail("DataCopyPad: only blockCount 1 is modelled");
-    if (p.blockLen % sizeof(T) != 0) Fail("DataCopyPad: blockLen must be a multiple of sizeof(T)");
-    dst.Check(0, p.blockLen / sizeof(T), "DataCopyPad");
-    std::memcpy(dst.EmuAddress(), emu::Mte3Source(src, p.blockLen, "DataCopyPad"), p.blockLen);
+    const emu::PadCopyGeometry g = emu::PadGeometry<T>(p, p.srcStride, p.dstStride, 0);
+    dst.Check(0, g.gmElems, "DataCopyPad");
+    const uint8_t* ub = reinterpret_cast<const uint8_t*>(emu::Mte3Source(src, g.ubBytes, "DataCopyPad"));
+    uint8_t* gm = reinterpret_cast<uint8_t*>(dst.EmuAddress());
+    for (uint32_t b = 0; b < g.blocks; ++b) {
+        std::memcpy(gm + static_cast<uint64_t>(b) * g.gmPitch, ub + static_cast<uint64_t>(b) * g.ubPitch, p.blockLen);
+    }
+}
+
+// ---- Gather (within UB) ----------------------------------------------------------
+
+template <typename T>
+void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<uint32_t>& srcOffset,
+            const uint32_t srcBaseAddr, const uint32_t count) {
+    static_assert(std::is_same<T, float>::value, "Gather: only float is modelled");
+    if (count == 0) return;
+    const uint8_t* ps = reinterpret_cast<const uint8_t*>(emu::VecOperand(src, 0, "Gather", "src", false));
+    const uint32_t* po = emu::VecOperand(srcOffset, count, "Gather", "srcOffset", false);
+    T* pd = emu::VecOperand(dst, count, "Gather", "dst", true);
+    emu::CheckOverlap(dst, count, src, src.GetSize(), "Gather", false);
+    emu::CheckOverlap(dst, count, srcOffset, count, "Gather", false);
+    const uint64_t srcBytes = static_cast<uint64_t>(src.GetSize()) * sizeof(T);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint64_t at = static_cast<uint64_t>(srcBaseAddr) + po[i];
+        if (at % sizeof(T) != 0 || at + sizeof(T) > srcBytes) {
+            Fail("Gather: offset " + std::to_string(at) + " B of element " + std::to_string(i) +
+                 " is misaligned or outside src (" + std::to_string(srcBytes) + " B)");
+        }
+        std::memcpy(&pd[i], ps + at, sizeof(T));
+    }
+    emu::EndInstruction();
 }
 
 }  // namespace AscendC

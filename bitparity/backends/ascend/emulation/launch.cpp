@@ -20,6 +20,15 @@ void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint
 void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows, uint32_t cols, float scale);
 void bitparity_exp(GM_ADDR x, GM_ADDR y, uint32_t n);
 void bitparity_log(GM_ADDR x, GM_ADDR y, uint32_t n);
+void bitparity_masked_mean(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask);
+void bitparity_masked_whiten(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t shiftMean,
+                             uint32_t unbiased, float eps);
+void bitparity_kl_penalty(GM_ADDR logp, GM_ADDR refLogp, GM_ADDR out, uint32_t n, uint32_t kind, float clamp,
+                          float logRatioClamp);
+void bitparity_gae(GM_ADDR rewards, GM_ADDR values, GM_ADDR mask, GM_ADDR bootstrap, GM_ADDR advantages,
+                   GM_ADDR returns, uint32_t rows, uint32_t cols, float gamma, float gammaLambda, uint32_t zeroMode);
+void bitparity_ppo_token_losses(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR loss, GM_ADDR clipped,
+                                uint32_t n, float ratioLow, float ratioHigh, float dualClip, float ratioClamp);
 
 int bp_sum(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
@@ -64,6 +73,43 @@ int bp_exp(uint32_t blocks, GM_ADDR x, GM_ADDR y, uint32_t n)
 int bp_log(uint32_t blocks, GM_ADDR x, GM_ADDR y, uint32_t n)
 {
     return bp_emulation::Launch(blocks, [&] { bitparity_log(x, y, n); });
+}
+
+int bp_masked_mean(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+                   uint32_t hasMask)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_masked_mean(x, mask, out, rows, cols, hasMask); });
+}
+
+int bp_masked_whiten(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
+                     uint32_t shiftMean, uint32_t unbiased, float eps)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_masked_whiten(x, mask, out, rows, cols, shiftMean, unbiased, eps); });
+}
+
+int bp_kl_penalty(uint32_t blocks, GM_ADDR logp, GM_ADDR refLogp, GM_ADDR out, uint32_t n, uint32_t kind,
+                  float clamp, float logRatioClamp)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_kl_penalty(logp, refLogp, out, n, kind, clamp, logRatioClamp); });
+}
+
+int bp_gae(uint32_t blocks, GM_ADDR rewards, GM_ADDR values, GM_ADDR mask, GM_ADDR bootstrap, GM_ADDR advantages,
+           GM_ADDR returns, uint32_t rows, uint32_t cols, float gamma, float gammaLambda, uint32_t zeroMode)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_gae(rewards, values, mask, bootstrap, advantages, returns, rows, cols, gamma, gammaLambda, zeroMode);
+    });
+}
+
+int bp_ppo_token_losses(uint32_t blocks, GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR loss,
+                        GM_ADDR clipped, uint32_t n, float ratioLow, float ratioHigh, float dualClip, float ratioClamp)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_ppo_token_losses(logp, oldLogp, advantages, loss, clipped, n, ratioLow, ratioHigh, dualClip,
+                                   ratioClamp);
+    });
 }
 
 }  // extern "C"

@@ -1,11 +1,11 @@
 // The canonical float32 building blocks (docs/spec.md) on Ascend C LocalTensors.
 //
 // Written once and used by every kernel: the portable exp and log, the
-// reciprocal, the NaN-propagating max, the halving trees, and the cross-pipe
-// syncs around the scalar unit.  They use only these vector instructions:
-// Add/Sub/Mul/Adds/Muls/Max/Maxs/Mins, Compare/Compares, Select, Duplicate,
-// int32 Add/Sub/Adds, uint32 ShiftLeft, int32 ShiftRight, int32 -> float Cast,
-// and ReinterpretCast.  Every float32 instruction is one IEEE binary32
+// reciprocal and rsqrt, the k3 series, the NaN-propagating max, min and clamp,
+// the halving trees, and the cross-pipe syncs around the scalar unit.  They use
+// only these vector instructions: Add/Sub/Mul/Adds/Muls/Max/Min/Maxs/Mins,
+// Compare/Compares, Select, Duplicate, int32 Add/Sub/Adds, uint32 ShiftLeft,
+// int32 ShiftRight, int32 -> float Cast, and ReinterpretCast.  Every float32 instruction is one IEEE binary32
 // operation rounded to nearest even; none is fused.  No vendor transcendental,
 // division or reduction instruction appears: their rounding and their
 // reduction trees are the vendor's, not the spec's.
@@ -117,6 +117,38 @@ __aicore__ inline void NanMax(const LocalTensor<float>& dst, const LocalTensor<f
     AscendC::Select(tmp, bits, b, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
     AscendC::Compare(bits, a, a, AscendC::CMPMODE::NE, n);
     AscendC::Select(dst, bits, a, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+}
+
+// dst = NaN-propagating min(a, b), as NanMax.  tmp: n floats; bits: n/8 bytes.
+__aicore__ inline void NanMin(const LocalTensor<float>& dst, const LocalTensor<float>& a, const LocalTensor<float>& b,
+                              const LocalTensor<float>& tmp, const LocalTensor<uint8_t>& bits, uint32_t n)
+{
+    AscendC::Min(tmp, a, b, n);
+    AscendC::Compare(bits, b, b, AscendC::CMPMODE::NE, n);
+    AscendC::Select(tmp, bits, b, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compare(bits, a, a, AscendC::CMPMODE::NE, n);
+    AscendC::Select(dst, bits, a, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+}
+
+// dst = min(max(v, low), high) with NaN propagated (spec 16, 17: the clamps), over n
+// floats, for bounds low < high that are not NaN.  Maxs/Mins are not trusted with
+// NaN, so a NaN v is selected back at the end.  The bounds are never zero in the
+// ops (every clamp is positive), so which zero Maxs/Mins return on a tie does not
+// arise; a bound of +-inf clamps nothing, which is how an unset clamp is passed.
+// dst may be v or tmp; tmp must not be v.  tmp: n floats; bits: n/8 bytes.
+__aicore__ inline void NanClamp(const LocalTensor<float>& dst, const LocalTensor<float>& v, float low, float high,
+                                const LocalTensor<float>& tmp, const LocalTensor<uint8_t>& bits, uint32_t n)
+{
+    AscendC::Maxs(tmp, v, low, n);
+    AscendC::Mins(tmp, tmp, high, n);
+    AscendC::Compare(bits, v, v, AscendC::CMPMODE::NE, n);
+    AscendC::Select(dst, bits, v, tmp, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+}
+
+// dst = src, bits unchanged: src + (-0.0) is src for every binary32 (spec 3.1).  dst may be src.
+__aicore__ inline void CopyFloats(const LocalTensor<float>& dst, const LocalTensor<float>& src, uint32_t n)
+{
+    AscendC::Adds(dst, src, NegZero(), n);
 }
 
 // The halving tree (spec 3): acc[i] += acc[i + h] for h = width/2, width/4, ..., 1,
@@ -330,6 +362,69 @@ __aicore__ inline void CanonicalReciprocal(const LocalTensor<float>& r, const Lo
     AscendC::Sub(t, t, err, n);
     AscendC::Mul(t, r, t, n);
     AscendC::Add(r, r, t, n);
+}
+
+// r = 1/sqrt(y) over n floats (spec 15.2) for y > 0: RSQRT_NEWTON_STEPS Newton steps
+// r = r * (1.5 - (h*r)*r), h = 0.5*y, from bits(r0) = RSQRT_MAGIC - (bits(y) >> 1); then
+// 0 where y is +inf (NaN propagates through the steps by itself).  n a multiple of 64.
+// r must not be y or inside work.  work: 3n floats; bits: n/8 bytes.
+__aicore__ inline void CanonicalRsqrt(const LocalTensor<float>& r, const LocalTensor<float>& y,
+                                      const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits, uint32_t n)
+{
+    LocalTensor<float> h = work;
+    LocalTensor<float> t = work[n];
+    LocalTensor<float> threeHalves = work[2 * n];
+    LocalTensor<int32_t> ri = r.ReinterpretCast<int32_t>();
+    LocalTensor<int32_t> ti = t.ReinterpretCast<int32_t>();
+
+    // bits(y) >> 1 is arithmetic in the spec; y > 0 (or NaN, whose result is NaN anyway).
+    AscendC::ShiftRight(ti, y.ReinterpretCast<int32_t>(), static_cast<int32_t>(1), n);
+    AscendC::Duplicate(ri, static_cast<int32_t>(RSQRT_MAGIC), n);
+    AscendC::Sub(ri, ri, ti, n);
+    AscendC::Muls(h, y, FloatFromBits(HALF_BITS), n);
+    AscendC::Duplicate(threeHalves, FloatFromBits(THREE_HALVES_BITS), n);
+    for (uint32_t i = 0; i < RSQRT_NEWTON_STEPS; ++i) {
+        AscendC::Mul(t, h, r, n);
+        AscendC::Mul(t, t, r, n);
+        AscendC::Sub(t, threeHalves, t, n);
+        AscendC::Mul(r, r, t, n);
+    }
+    AscendC::Compares(bits, y, PosInf(), AscendC::CMPMODE::NE, n);
+    AscendC::Select(r, bits, r, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+}
+
+// k = e^d - 1 - d over n floats (spec 16, k3) without cancellation: for |d| < 1,
+// (d*d) * phi(d) with phi = c0; phi = phi*d + c_i (K3_SERIES_BITS, Horner from the
+// highest degree); otherwise (exp(d) - 1) - d; +inf where d is +inf.  n a multiple
+// of 64.  k must not be d or inside work.  work: 6n floats; bits: n/8 bytes.
+__aicore__ inline void CanonicalK3(const LocalTensor<float>& k, const LocalTensor<float>& d,
+                                   const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits, uint32_t n)
+{
+    LocalTensor<float> direct = work;
+    LocalTensor<float> sq = work[n];
+    LocalTensor<float> expWork = work[2 * n];   // 4n floats, free again after CanonicalExp
+
+    // The series; c0 * 1 == c0, so phi starts as c0 * d + c1.
+    AscendC::Muls(k, d, FloatFromBits(K3_SERIES_BITS[0]), n);
+    AscendC::Adds(k, k, FloatFromBits(K3_SERIES_BITS[1]), n);
+    for (uint32_t i = 2; i < K3_SERIES_TERMS; ++i) {
+        AscendC::Mul(k, k, d, n);
+        AscendC::Adds(k, k, FloatFromBits(K3_SERIES_BITS[i]), n);
+    }
+    AscendC::Mul(sq, d, d, n);
+    AscendC::Mul(k, sq, k, n);
+    // direct = (exp(d) - 1) - d; d + (-1) == d - 1 in IEEE.
+    CanonicalExp(direct, d, expWork, bits, n);
+    AscendC::Adds(direct, direct, -1.0f, n);
+    AscendC::Sub(direct, direct, d, n);
+    // |d| < 1 as (d > -1) and (d < 1): the series where both hold, direct elsewhere (NaN included).
+    const float limit = FloatFromBits(K3_SERIES_LIMIT_BITS);
+    AscendC::Compares(bits, d, -limit, AscendC::CMPMODE::GT, n);
+    AscendC::Select(k, bits, k, direct, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compares(bits, d, limit, AscendC::CMPMODE::LT, n);
+    AscendC::Select(k, bits, k, direct, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compares(bits, d, PosInf(), AscendC::CMPMODE::NE, n);
+    AscendC::Select(k, bits, k, PosInf(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
 }
 
 }  // namespace bitparity

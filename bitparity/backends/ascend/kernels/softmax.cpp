@@ -11,9 +11,10 @@
 //     cache and takes the lane-wise NaN-propagating max; m_g = TreeMax + 0.0,
 //     shift_g = (m_g == -inf ? 0 : m_g).  Pass 2 reads the cache:
 //     e = exp(w - shift_g); lane j accumulates, chunk by chunk,
-//     count += (e == 1 ? 1 : -0.0) and rest += (e == 1 ? -0.0 : e), over the
-//     spec's C chunks (the padding chunks of a short last segment are -inf
-//     tiles); n_g = TreeSum(count), t_g = TreeSum(rest) over the spec's W lanes.
+//     count += (e == 1 ? 1 : -0.0) and rest += (e == 1 or e == 0 ? -0.0 : e);
+//     n_g = TreeSum(count), t_g = TreeSum(rest) over the spec's W lanes.  A zero
+//     exponential (masked, padding, underflow) adds -0.0 to both, the exact
+//     identity, so the padding chunks of a short last segment are skipped (spec 8.2).
 //   Row: M = max_g m_g + 0.0, shift = (M == -inf ? 0 : M); c_g = exp(m_g - shift);
 //     count = tree over (c_g == 1 ? n_g : -0.0), rest = tree over
 //     (c_g == 1 ? t_g : c_g * (n_g + t_g)), both padded with -0.0 to a power of two;
@@ -195,11 +196,8 @@ private:
             // Pass 2: exponentials, split into exact ones (counted) and the rest (summed).
             AscendC::Duplicate(acc, NegZero(), lanes);
             AscendC::Duplicate(acc2, NegZero(), lanes);
-            for (uint32_t c = 0; c < geo.chunks; ++c) {
+            for (uint32_t c = 0; c < dataChunks; ++c) {
                 LocalTensor<float> w = segment[c * LANES];
-                if (c >= dataChunks) {
-                    AscendC::Duplicate(w, NegInf(), lanes);   // a padding chunk of a short last segment
-                }
                 AscendC::Adds(w, w, -segShift, lanes);        // w + (-shift) == w - shift in IEEE
                 CanonicalExp(e, w, work, bits, lanes);
                 // e == 1 exactly where the spec's "one" holds, so e itself is the 1.0 it counts.
@@ -208,6 +206,8 @@ private:
                 AscendC::Add(acc, acc, term, lanes);
                 AscendC::Compares(bits, e, 1.0f, AscendC::CMPMODE::NE, lanes);
                 AscendC::Select(term, bits, e, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
+                AscendC::Compares(bits, e, 0.0f, AscendC::CMPMODE::NE, lanes);
+                AscendC::Select(term, bits, term, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
                 AscendC::Add(acc2, acc2, term, lanes);
             }
             float count = TreeSum(acc, geo.treeWidth);

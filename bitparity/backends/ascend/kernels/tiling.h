@@ -15,8 +15,8 @@
 // number of Compare repeats (128 halves, for the mask), but its halving tree
 // runs over the spec's W lanes only (treeWidth).  A row of n > SEGMENT floats
 // has 16 chunks in every segment: the padding chunks of its last segment hold
-// no data, and each op decides whether their padding is an exact identity
-// (sums and maxima skip them) or must be computed (the softmax exponent split).
+// no data and contribute exact identities (-0.0 to sums, -inf to maxima, -0.0
+// to both halves of the softmax exponent split), so every op skips them.
 
 #ifndef BITPARITY_TILING_H
 #define BITPARITY_TILING_H

@@ -14,6 +14,10 @@
 #include "kernel_operator.h"
 
 #include "../kernels/elementwise.cpp"
+#include "../kernels/gae.cpp"
+#include "../kernels/kl.cpp"
+#include "../kernels/masked.cpp"
+#include "../kernels/ppo.cpp"
 #include "../kernels/reduce.cpp"
 #include "../kernels/softmax.cpp"
 
@@ -59,6 +63,23 @@ float Scale(double scale)
     // The contract passes the float32 inverse temperature as a Python float: exact in float.
     return static_cast<float>(scale);
 }
+
+// The RL ops' constants (gamma, clamps, ratio bounds, eps) are float32 values passed as
+// Python floats, or +inf for an unset bound: exact in float.
+float Float32(double value) { return static_cast<float>(value); }
+
+void CheckLike(const at::Tensor& t, const at::Tensor& x, const char* name)
+{
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.sizes() == x.sizes() && t.is_contiguous() && t.device() == x.device(),
+                "bitparity (ascend): ", name, " must be a contiguous float32 tensor shaped like the first, on its device");
+}
+
+GM_ADDR RequiredMask(const at::Tensor& x, const at::Tensor& mask)
+{
+    return MaskAddress(x, c10::optional<at::Tensor>(mask));
+}
+
+uint32_t Tiles(int64_t n) { return Blocks((n + bitparity::LANES - 1) / bitparity::LANES); }
 
 at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
 {
@@ -128,7 +149,7 @@ at::Tensor ExpOp(const at::Tensor& x)
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
-    bitparity_exp<<<Blocks((n + bitparity::LANES - 1) / bitparity::LANES), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    bitparity_exp<<<Tiles(n), nullptr, Stream()>>>(Gm(x), Gm(out), n);
     return out;
 }
 
@@ -137,8 +158,74 @@ at::Tensor LogOp(const at::Tensor& x)
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
-    bitparity_log<<<Blocks((n + bitparity::LANES - 1) / bitparity::LANES), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    bitparity_log<<<Tiles(n), nullptr, Stream()>>>(Gm(x), Gm(out), n);
     return out;
+}
+
+at::Tensor MaskedMeanOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty({rows}, x.options());
+    bitparity_masked_mean<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                                                                mask.has_value());
+    return out;
+}
+
+at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased, double eps)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty_like(x);
+    bitparity_masked_whiten<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), RequiredMask(x, mask), Gm(out), rows, cols,
+                                                                  shiftMean, unbiased, Float32(eps));
+    return out;
+}
+
+at::Tensor KlPenaltyOp(const at::Tensor& logp, const at::Tensor& refLogp, int64_t kind, double clamp,
+                       double logRatioClamp)
+{
+    CheckX(logp, 1);
+    CheckLike(refLogp, logp, "ref_logp");
+    TORCH_CHECK(kind >= 0 && kind <= 3, "bitparity (ascend): kind is a KlKind code (kernels/kl.cpp)");
+    at::Tensor out = at::empty_like(logp);
+    const int64_t n = logp.numel();
+    bitparity_kl_penalty<<<Tiles(n), nullptr, Stream()>>>(Gm(logp), Gm(refLogp), Gm(out), n, kind, Float32(clamp),
+                                                           Float32(logRatioClamp));
+    return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> GaeOp(const at::Tensor& rewards, const at::Tensor& values, const at::Tensor& mask,
+                                         const at::Tensor& bootstrap, double gamma, double gammaLambda, bool zeroMode)
+{
+    CheckX(rewards, 2);
+    CheckLike(values, rewards, "values");
+    const int64_t rows = rewards.size(0), cols = rewards.size(1);
+    TORCH_CHECK(bootstrap.scalar_type() == at::kFloat && bootstrap.dim() == 1 && bootstrap.size(0) == rows &&
+                    bootstrap.is_contiguous() && bootstrap.device() == rewards.device(),
+                "bitparity (ascend): bootstrap must be a contiguous float32 tensor [rows] on rewards' device");
+    at::Tensor adv = at::empty_like(rewards);
+    at::Tensor ret = at::empty_like(rewards);
+    bitparity_gae<<<Blocks(rows), nullptr, Stream()>>>(Gm(rewards), Gm(values), RequiredMask(rewards, mask),
+                                                        Gm(bootstrap), Gm(adv), Gm(ret), rows, cols, Float32(gamma),
+                                                        Float32(gammaLambda), zeroMode);
+    return {adv, ret};
+}
+
+std::tuple<at::Tensor, at::Tensor> PpoTokenLossesOp(const at::Tensor& logp, const at::Tensor& oldLogp,
+                                                    const at::Tensor& advantages, double ratioLow, double ratioHigh,
+                                                    double dualClip, double ratioClamp)
+{
+    CheckX(logp, 2);
+    CheckLike(oldLogp, logp, "old_logp");
+    CheckLike(advantages, logp, "advantages");
+    at::Tensor loss = at::empty_like(logp);
+    at::Tensor clipped = at::empty_like(logp);
+    const int64_t n = logp.numel();
+    bitparity_ppo_token_losses<<<Tiles(n), nullptr, Stream()>>>(Gm(logp), Gm(oldLogp), Gm(advantages), Gm(loss),
+                                                                 Gm(clipped), n, Float32(ratioLow), Float32(ratioHigh),
+                                                                 Float32(dualClip), Float32(ratioClamp));
+    return {loss, clipped};
 }
 
 }  // namespace bitparity_npu
@@ -153,6 +240,13 @@ TORCH_LIBRARY(bitparity, m)
     m.def("token_logprobs(Tensor x, Tensor tokens, float scale) -> Tensor");
     m.def("exp(Tensor x) -> Tensor");
     m.def("log(Tensor x) -> Tensor");
+    m.def("masked_mean(Tensor x, Tensor? mask) -> Tensor");
+    m.def("masked_whiten(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps) -> Tensor");
+    m.def("kl_penalty(Tensor logp, Tensor ref_logp, int kind, float clamp, float log_ratio_clamp) -> Tensor");
+    m.def("gae(Tensor rewards, Tensor values, Tensor mask, Tensor bootstrap, float gamma, float gamma_lambda, "
+          "bool zero_mode) -> (Tensor, Tensor)");
+    m.def("ppo_token_losses(Tensor logp, Tensor old_logp, Tensor advantages, float ratio_low, float ratio_high, "
+          "float dual_clip, float ratio_clamp) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(bitparity, PrivateUse1, m)
@@ -165,4 +259,9 @@ TORCH_LIBRARY_IMPL(bitparity, PrivateUse1, m)
     m.impl("token_logprobs", TORCH_FN(bitparity_npu::TokenLogprobsOp));
     m.impl("exp", TORCH_FN(bitparity_npu::ExpOp));
     m.impl("log", TORCH_FN(bitparity_npu::LogOp));
+    m.impl("masked_mean", TORCH_FN(bitparity_npu::MaskedMeanOp));
+    m.impl("masked_whiten", TORCH_FN(bitparity_npu::MaskedWhitenOp));
+    m.impl("kl_penalty", TORCH_FN(bitparity_npu::KlPenaltyOp));
+    m.impl("gae", TORCH_FN(bitparity_npu::GaeOp));
+    m.impl("ppo_token_losses", TORCH_FN(bitparity_npu::PpoTokenLossesOp));
 }
