@@ -33,18 +33,58 @@ _ROWS = {"x_ptr": "*fp32", "mask_ptr": "*i1", "out_ptr": "*fp32",
 _LONG = {"BLOCK_R": 1, "W": 1024, "GP": 16}
 _SOFTMAX = {**_ROWS, "scale": "fp32"}
 _ELEMENTWISE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+_KL = {"logp_ptr": "*fp32", "ref_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+       "clamp": "fp32", "log_ratio_clamp": "fp32"}
+_GAE_DELTA = {"r_ptr": "*fp32", "v_ptr": "*fp32", "m_ptr": "*i1", "boot_ptr": "*fp32",
+              "delta_ptr": "*fp32", "weight_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+              "gamma": "fp32", "gamma_lambda": "fp32"}
+_GAE_SCAN = {"delta_ptr": "*fp32", "weight_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+             "gamma_lambda": "fp32"}
+_GAE_FINISH = {"adv_ptr": "*fp32", "v_ptr": "*fp32", "m_ptr": "*i1", "ret_ptr": "*fp32", "n": "i32"}
+_PPO = {"logp_ptr": "*fp32", "old_ptr": "*fp32", "adv_ptr": "*fp32", "loss_ptr": "*fp32",
+        "clipped_ptr": "*fp32", "n": "i32", "ratio_low": "fp32", "ratio_high": "fp32",
+        "dual_clip": "fp32", "ratio_clamp": "fp32"}
+# GPU geometry (layout.py): GAE's delta tiles of LANES / SCAN_TILE_COLS rows
+# by SCAN_TILE_COLS columns, its reverse loop one row per thread of a
+# SCAN_ROWS-row program.
+_GAE_TILE = {"BLOCK_R": 32, "TC": 32}
+_GAE_ROWS = {"BLOCK_R": 128}
 
-# name -> (module, kernel, runtime-argument types, constexpr values)
+# Instructions a kernel's PTX must contain: the search for forbidden ones
+# must have something to search, and the canonical adds and multiplies must
+# be there as IEEE round-to-nearest instructions that ptxas may not fuse.
+_ADD = ("add.rn.f32",)
+_ARITH = ("add.rn.f32", "mul.rn.f32")
+_NAN_MAX = (*_ARITH, "max.NaN.f32")            # the maximum must propagate NaN (spec 4)
+_NAN_CLAMP = (*_NAN_MAX, "min.NaN.f32")        # so must every clamp (spec 16, 17)
+
+# name -> (module, kernel, runtime-argument types, constexpr values, required instructions).
+# A clamp left unset is a None constexpr, so it is compiled both ways.
 KERNELS = {
-    "sum": ("reduce", "sum_kernel", _ROWS, {"HAS_MASK": True, **_LONG}),
-    "logsumexp": ("softmax", "logsumexp_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
-    "log_softmax": ("softmax", "log_softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
-    "softmax": ("softmax", "softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
-    "entropy": ("softmax", "entropy_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}),
+    "sum": ("reduce", "sum_kernel", _ROWS, {"HAS_MASK": True, **_LONG}, _ADD),
+    "logsumexp": ("softmax", "logsumexp_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "log_softmax": ("softmax", "log_softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "softmax": ("softmax", "softmax_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "entropy": ("softmax", "entropy_kernel", _SOFTMAX, {"HAS_MASK": True, **_LONG}, _NAN_MAX),
     "token_logprobs": ("softmax", "token_logprobs_kernel",
-                       {**_SOFTMAX, "mask_ptr": None, "tokens_ptr": "*i64"}, _LONG),
-    "exp": ("elementwise", "exp_kernel", _ELEMENTWISE, {"BLOCK": 1024}),
-    "log": ("elementwise", "log_kernel", _ELEMENTWISE, {"BLOCK": 1024}),
+                       {**_SOFTMAX, "mask_ptr": None, "tokens_ptr": "*i64"}, _LONG, _NAN_MAX),
+    "exp": ("elementwise", "exp_kernel", _ELEMENTWISE, {"BLOCK": 1024}, _ARITH),
+    "log": ("elementwise", "log_kernel", _ELEMENTWISE, {"BLOCK": 1024}, _ARITH),
+    "masked_mean": ("masked", "masked_mean_kernel", _ROWS, {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "masked_whiten": ("masked", "masked_whiten_kernel", {**_ROWS, "eps": "fp32"},
+                      {"SHIFT_MEAN": False, "UNBIASED": True, **_LONG}, _NAN_MAX),
+    "kl_k3_clamped": ("kl", "kl_penalty_kernel", _KL, {"KIND": "k3", "BLOCK": 1024}, _NAN_CLAMP),
+    "kl_k2_unclamped": ("kl", "kl_penalty_kernel", _KL,
+                        {"KIND": "k2", "BLOCK": 1024, "clamp": None, "log_ratio_clamp": None}, ("mul.rn.f32",)),
+    "gae_delta_carry": ("gae", "gae_delta_kernel", _GAE_DELTA, {"CARRY": True, **_GAE_TILE}, _ARITH),
+    "gae_delta_zero": ("gae", "gae_delta_kernel", _GAE_DELTA, {"CARRY": False, **_GAE_TILE}, _ARITH),
+    "gae_scan_carry": ("gae", "gae_scan_kernel", _GAE_SCAN, {"CARRY": True, **_GAE_ROWS}, _ARITH),
+    "gae_scan_zero": ("gae", "gae_scan_kernel", _GAE_SCAN, {"CARRY": False, **_GAE_ROWS}, _ARITH),
+    "gae_finish_carry": ("gae", "gae_finish_kernel", _GAE_FINISH, {"CARRY": True, "BLOCK": 1024}, _ADD),
+    "gae_finish_zero": ("gae", "gae_finish_kernel", _GAE_FINISH, {"CARRY": False, "BLOCK": 1024}, _ADD),
+    "ppo_token_dual_clip": ("ppo", "ppo_token_kernel", _PPO, {"BLOCK": 1024}, _NAN_CLAMP),
+    "ppo_token_unclamped": ("ppo", "ppo_token_kernel", _PPO,
+                            {"BLOCK": 1024, "dual_clip": None, "ratio_clamp": None}, _NAN_CLAMP),
 }
 CONTROL = ("control_fused", "control_unfused")
 
@@ -107,7 +147,7 @@ def _compile_all(out_path):
         return {"ptx": kernel.asm["ptx"], "sass": sass}
 
     results = {}
-    for name, (module, kernel, signature, constexprs) in KERNELS.items():
+    for name, (module, kernel, signature, constexprs, _) in KERNELS.items():
         fn = getattr(importlib.import_module(f"bitparity.backends.cuda.{module}"), kernel)
         results[name] = build(fn, signature, constexprs, fusion=False)
     control_signature = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "out_ptr": "*fp32"}
@@ -132,13 +172,8 @@ def compiled(tmp_path_factory):
 def test_kernel_has_only_canonical_float_instructions(compiled, name):
     ptx, sass = compiled[name]["ptx"], compiled[name]["sass"]
     assert ".entry" in ptx and ".target sm_90" in ptx
-    # The search must have something to search: the canonical adds are there,
-    # as IEEE round-to-nearest instructions that ptxas may not fuse.
-    assert "add.rn.f32" in ptx
-    if name != "sum":
-        assert "mul.rn.f32" in ptx
-    if name not in ("sum", "exp", "log"):
-        assert "max.NaN.f32" in ptx, "the maximum must propagate NaN (spec 4)"
+    for instruction in KERNELS[name][4]:
+        assert instruction in ptx, f"{instruction} missing"
     if sass is not None:
         assert "FADD" in sass
     assert forbidden(ptx, sass) == []

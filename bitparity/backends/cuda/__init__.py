@@ -32,11 +32,16 @@ else:
     _INTERPRETED = bool(triton.knobs.runtime.interpret)
 
     from .elementwise import exp, log
+    from .gae import gae
+    from .kl import kl_penalty
+    from .masked import masked_mean, masked_whiten
+    from .ppo import ppo_policy_loss
     from .reduce import sum  # noqa: A004 - the op's public name
     from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
 
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
-               "entropy", "token_logprobs", "exp", "log"]
+               "entropy", "token_logprobs", "exp", "log",
+               "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss"]
 
 
 def availability():

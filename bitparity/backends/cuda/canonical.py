@@ -8,13 +8,22 @@ operation order, so each op kernel reads as the reference does:
 - ``exp`` / ``log``: the portable exp and log (spec 5, 6);
 - ``reciprocal``: Newton steps plus one Dekker-exact correction (spec 7);
 - ``neg_zeros``: the padding -0.0, which a Triton literal cannot express;
-- ``put``: writes a segment partial into its slot of a small vector.
+- ``put``: writes a segment partial into its slot of a small vector;
+- ``program_rows``: the rows one program handles;
+- ``masked_row_sum``: the canonical sum of the counted entries of each row
+  (or of their squared deviations) and their exact count (spec 3, 15);
+- ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
+  clamps of the RL operators (spec 16, 17);
+- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16.
 
 Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
-conversions, bit casts and int32 add/sub/shift are used.  Never ``/``,
+conversions, bit casts and int32 add/sub/shift/xor/min are used.  Never ``/``,
 ``tl.exp``/``tl.log``/``tl.sqrt`` (approximate on the GPU, numpy's in the
 interpreter) or a ``tl.sum`` over more than two elements (its order is
 the compiler's): the halving tree splits a tensor into halves and adds them.
+Nor any other jit function of triton.language (``tl.sum``, ``tl.min``,
+``tl.zeros``, ``tl.cdiv``, ...): those cannot run in the interpreter when
+triton was imported before TRITON_INTERPRET was set, as a test session may.
 Float->int conversions truncate in Triton, so exp rounds with the
 1.5 * 2**23 magic constant and reads k from the bits (spec 5).
 Kernels must be launched with ``enable_fp_fusion=False`` so that no a*b+c
@@ -71,6 +80,23 @@ RECIP_NEWTON_STEPS: tl.constexpr = tl.constexpr(spec.RECIP_NEWTON_STEPS)
 SPLIT: tl.constexpr = tl.constexpr(_f(spec.SPLIT_BITS))
 TWO: tl.constexpr = tl.constexpr(_f(spec.TWO_BITS))
 ONE: tl.constexpr = tl.constexpr(_f(spec.ONE_BITS))
+
+RSQRT_MAGIC: tl.constexpr = tl.constexpr(spec.RSQRT_MAGIC)
+RSQRT_NEWTON_STEPS: tl.constexpr = tl.constexpr(spec.RSQRT_NEWTON_STEPS)
+THREE_HALVES: tl.constexpr = tl.constexpr(_f(spec.THREE_HALVES_BITS))
+K3_SERIES_LIMIT: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_LIMIT_BITS))
+# RN32(1/(k+2)!) for k = 10 .. 0: K3_C0 = 1/12!, ..., K3_C10 = 1/2!.
+K3_C0: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[0]))
+K3_C1: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[1]))
+K3_C2: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[2]))
+K3_C3: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[3]))
+K3_C4: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[4]))
+K3_C5: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[5]))
+K3_C6: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[6]))
+K3_C7: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[7]))
+K3_C8: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[8]))
+K3_C9: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[9]))
+K3_C10: tl.constexpr = tl.constexpr(_f(spec.K3_SERIES_BITS[10]))
 
 
 @triton.constexpr_function
@@ -136,6 +162,54 @@ def put(slots_vec, slots, g, value):
     # column g replaced by value: where a segment's partial is kept until the
     # partials are folded.
     return tl.where(slots[None, :] == g, value[:, None], slots_vec)
+
+
+@triton.jit
+def program_rows(n_rows, n_cols, BLOCK_R: tl.constexpr):
+    # This program's rows: indices, in-range flags and element offsets, each [BLOCK_R].
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return rows, rows < n_rows, rows.to(tl.int64) * n_cols
+
+
+@triton.jit
+def masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
+                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr,
+                   center=None):
+    # row_start, rows_ok: [BLOCK_R] -> (sum, count), each [BLOCK_R]:
+    # sum   = canonical sum (spec 3) of select(m, x, -0.0), or, given
+    #         center [BLOCK_R], of select(m, (x - center) * (x - center), -0.0);
+    # count = how many entries count, an exact int32 (lane counts folded
+    #         by the same tree; integer sums are exact in any order).
+    neg_zero = neg_zeros(())
+    lanes = tl.arange(0, W)                                             # [W]
+    slots = tl.arange(0, GP)                                            # [GP]
+    # One partial per segment, -0.0 in the slots past the last segment.
+    # The segments run in sequence here; a split-row version would give each
+    # segment its own program and fold the [n_rows, GP] partials afterwards,
+    # with the same bits.
+    partials = neg_zeros((BLOCK_R, GP))                                 # [BLOCK_R, GP]
+    lane_counts = tl.full((BLOCK_R, W), 0, tl.int32)                    # [BLOCK_R, W]
+    for g in range(n_segments):
+        seg_start = g * SEGMENT
+        seg_end = tl.minimum(seg_start + SEGMENT, n_cols)
+        # Lane j adds the terms of x[j], x[j + W], ... in order.  Starting
+        # from -0.0 and skipping the all-padding chunks of the last segment
+        # are both exact: v + (-0.0) == v for every v.
+        acc = neg_zeros((BLOCK_R, W))                                   # [BLOCK_R, W]
+        for start in range(seg_start, seg_end, W):
+            cols = start + lanes                                        # [W]
+            offs = row_start[:, None] + cols[None, :]                   # [BLOCK_R, W]
+            valid = rows_ok[:, None] & (cols < n_cols)[None, :]
+            if HAS_MASK:
+                valid = valid & tl.load(mask_ptr + offs, mask=valid, other=False)
+            terms = tl.load(x_ptr + offs, mask=valid, other=0.0)
+            if center is not None:
+                deviation = terms - center[:, None]
+                terms = deviation * deviation
+            acc = acc + tl.where(valid, terms, neg_zero)
+            lane_counts += valid.to(tl.int32)
+        partials = put(partials, slots, g, tree_sum(acc))
+    return tree_sum(partials), tree_sum(lane_counts)
 
 
 # -- exp (spec 5) ---------------------------------------------------------------
@@ -229,3 +303,69 @@ def reciprocal(s):
     err = (((sh * rh - p) + sh * rl) + sl * rh) + sl * rl    # s*r - p, exactly
     e = (ONE - p) - err
     return r + r * e
+
+
+# -- RL operators (spec 14-17) -------------------------------------------------
+
+@triton.jit
+def negate(x):
+    # -x by flipping the sign bit, as numpy's negative.  Triton's unary minus
+    # is 0 - x, which gives +0.0 for x = +0.0 where -x is -0.0.
+    return (x.to(tl.int32, bitcast=True) ^ NEG_ZERO_BITS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nan_min(a, b):
+    # Elementwise minimum that returns NaN when either input is NaN (np.minimum, min.NaN.f32).
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def nan_clamp(v, low, high):
+    # min(max(v, low), high), NaN-propagating, as canonical._nan_clamp.  The
+    # bounds are positive normal float32 values or their negations (ops.py
+    # checks), so no comparison is a tie between +0.0 and -0.0, where
+    # numpy and the GPU's max.NaN/min.NaN would pick different zeros.
+    return nan_min(nan_max(v, low), high)
+
+
+@triton.jit
+def count_reciprocal(n):
+    # 1/n for a float32 count n >= 1 (spec 7's domain), 0 for n = 0, so an
+    # empty mean is 0 (canonical._count_reciprocal).
+    return tl.where(n == 0.0, 0.0, reciprocal(nan_max(n, 1.0)))
+
+
+@triton.jit
+def rsqrt(y):
+    # 1/sqrt(y) for y > 0 (a variance plus eps), as canonical.rsqrt: the
+    # bit-trick guess, then Newton steps r = r * (1.5 - (h * r) * r), h = y/2.
+    # Two statements for the guess: see reciprocal.
+    r_bits = RSQRT_MAGIC - (y.to(tl.int32, bitcast=True) >> 1)
+    r = r_bits.to(tl.float32, bitcast=True)
+    h = HALF * y
+    for _ in tl.static_range(RSQRT_NEWTON_STEPS):
+        r = r * (THREE_HALVES - (h * r) * r)
+    return tl.where(y == POS_INF, 0.0, r)
+
+
+@triton.jit
+def k3(d):
+    # e^d - 1 - d without cancellation, as canonical._k3: for |d| < 1,
+    # d*d * phi(d) with phi(d) = sum_k d^k / (k + 2)! by Horner from the
+    # highest degree; otherwise (exp(d) - 1) - d.
+    phi = K3_C0 * d + K3_C1
+    phi = phi * d + K3_C2
+    phi = phi * d + K3_C3
+    phi = phi * d + K3_C4
+    phi = phi * d + K3_C5
+    phi = phi * d + K3_C6
+    phi = phi * d + K3_C7
+    phi = phi * d + K3_C8
+    phi = phi * d + K3_C9
+    phi = phi * d + K3_C10
+    series = (d * d) * phi
+    direct = (exp(d) - 1.0) - d
+    out = tl.where(tl.abs(d) < K3_SERIES_LIMIT, series, direct)
+    # d = +inf: direct is inf - inf; the estimator is +inf.
+    return tl.where(d == POS_INF, POS_INF, out)

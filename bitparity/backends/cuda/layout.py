@@ -24,6 +24,12 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 # not the per-operation Python overhead, dominates.
 INTERPRETER_TILE = 1 << 16
 
+# GAE on the GPU (gae.py): rows per program of the reverse loop (one per
+# thread of four warps), and columns of a delta tile: one warp wide, so the
+# gathers of its search for the next counted column stay warp shuffles.
+SCAN_ROWS = 128
+SCAN_TILE_COLS = 32
+
 
 def next_pow2(n):
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -42,6 +48,26 @@ def block_rows(n_rows, width):
     if triton.knobs.runtime.interpret:
         return min(next_pow2(n_rows), max(1, INTERPRETER_TILE // width))
     return max(1, spec.LANES // width)
+
+
+def scan_rows(n_rows):
+    """Rows per program of a reverse loop along the rows (GAE's); never changes a bit.
+
+    The interpreter pays per operation, not per element, so it takes every
+    row; the GPU gives each thread of a SCAN_ROWS-thread program one row.
+    """
+    if triton.knobs.runtime.interpret:
+        return min(next_pow2(n_rows), INTERPRETER_TILE)
+    return min(next_pow2(n_rows), SCAN_ROWS)
+
+
+def scan_tile(n_rows, n_cols):
+    """(BLOCK_R, TC): rows and columns of a tile of GAE's delta kernel; never changes a bit."""
+    if triton.knobs.runtime.interpret:
+        width = min(next_pow2(n_cols), INTERPRETER_TILE)
+    else:
+        width = min(next_pow2(n_cols), SCAN_TILE_COLS)
+    return block_rows(n_rows, width), width
 
 
 def block_elements(n):

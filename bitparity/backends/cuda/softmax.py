@@ -14,15 +14,8 @@ import triton
 import triton.language as tl
 
 from . import canonical
-from .canonical import NEG_INF, SEGMENT, nan_max, neg_zeros, put, tree_max, tree_sum
+from .canonical import NEG_INF, SEGMENT, nan_max, neg_zeros, program_rows, put, tree_max, tree_sum
 from .layout import block_rows, launch, row_layout
-
-
-@triton.jit
-def _rows(n_rows, n_cols, BLOCK_R: tl.constexpr):
-    # This program's rows: indices, in-range flags and element offsets, each [BLOCK_R].
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    return rows, rows < n_rows, rows.to(tl.int64) * n_cols
 
 
 @triton.jit
@@ -100,7 +93,7 @@ def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scal
 def logsumexp_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
                      HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask: [n_rows, n_cols]; out: [n_rows] = shift + log_total.
-    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, _, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                             HAS_MASK, BLOCK_R, W, GP)
     tl.store(out_ptr + rows, shift + log_total, mask=rows_ok)
@@ -110,7 +103,7 @@ def logsumexp_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale
 def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
                        HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols]; out = (w - shift) - log_total, -inf on empty rows.
-    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     empty = (total == 0.0)[:, None]                                     # [BLOCK_R, 1]
@@ -128,7 +121,7 @@ def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, sca
 def softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols]; out = exp(w - shift) * recip (recip is 0 on empty rows).
-    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, _, _, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                         HAS_MASK, BLOCK_R, W, GP)
     lanes = tl.arange(0, W)
@@ -146,13 +139,13 @@ def entropy_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
     # x, mask: [n_rows, n_cols]; out: [n_rows] = canonical sum of
     # (e_i * recip) * (log_total - d_i), d_i = w_i - shift, e_i = exp(d_i),
     # with -0.0 where e_i == 0 (spec 8.4), then + 0.0.
-    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, _, log_total, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     neg_zero = neg_zeros(())
     lanes = tl.arange(0, W)
     slots = tl.arange(0, GP)
-    # The canonical sum of the terms: the segments, lanes and trees of sum_kernel.
+    # The canonical sum of the terms: the segments, lanes and trees of canonical.masked_row_sum.
     partials = neg_zeros((BLOCK_R, GP))                                 # [BLOCK_R, GP]
     for g in range(n_segments):
         seg_start = g * SEGMENT
@@ -177,7 +170,7 @@ def token_logprobs_kernel(x_ptr, tokens_ptr, out_ptr, n_rows, n_cols, n_segments
                           BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x: [n_rows, n_cols], tokens: [n_rows] int64; out: [n_rows] =
     # (w[token] - shift) - log_total, -inf on empty rows: log_softmax's bits at the token.
-    rows, rows_ok, row_start = _rows(n_rows, n_cols, BLOCK_R)
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                                 False, BLOCK_R, W, GP)
     tokens = tl.load(tokens_ptr + rows, mask=rows_ok, other=0)          # [BLOCK_R]
