@@ -22,7 +22,7 @@ def table(results):
     for r in results:
         rows.append((r.op, r.backend, _fmt(r.exact_percent, ".2f"), _fmt(r.max_ulp, ".3g"),
                      _fmt(r.logdiff, ".3g") if r.op in LOG_SPACE else "", _fmt(r.median_ms, ".3g"),
-                     _fmt(r.ratio_to_native, ".2f")))
+                     _fmt(r.ratio_to_native, ".3g")))
     return tabulate(rows, headers=HEADERS, tablefmt="github")
 
 
