@@ -35,8 +35,6 @@ def availability(name):
     module = _module(name)
     if isinstance(module, ImportError):
         return False, f"cannot be imported: {module}"
-    if not hasattr(module, "availability"):
-        return False, "not installed: the package has no backend module"
     return module.availability()
 
 
