@@ -51,33 +51,19 @@ __aicore__ inline float QuietNaN() { return FloatFromBits(0x7FC00000u); }
 
 // ---- Syncs between the vector pipe, the scalar unit and MTE3 --------------------
 
-__aicore__ inline void VectorToScalarSync()
+// One producer->consumer barrier: the consumer pipe waits until the producer's queued work is done.
+template <AscendC::HardEvent EVENT>
+__aicore__ inline void PipeSync()
 {
-    AscendC::TEventID id = AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::V_S);
-    AscendC::SetFlag<AscendC::HardEvent::V_S>(id);
-    AscendC::WaitFlag<AscendC::HardEvent::V_S>(id);
+    AscendC::TEventID id = AscendC::GetTPipePtr()->FetchEventID(EVENT);
+    AscendC::SetFlag<EVENT>(id);
+    AscendC::WaitFlag<EVENT>(id);
 }
 
-__aicore__ inline void ScalarToVectorSync()
-{
-    AscendC::TEventID id = AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::S_V);
-    AscendC::SetFlag<AscendC::HardEvent::S_V>(id);
-    AscendC::WaitFlag<AscendC::HardEvent::S_V>(id);
-}
-
-__aicore__ inline void ScalarToMte3Sync()
-{
-    AscendC::TEventID id = AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::S_MTE3);
-    AscendC::SetFlag<AscendC::HardEvent::S_MTE3>(id);
-    AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(id);
-}
-
-__aicore__ inline void Mte3ToScalarSync()
-{
-    AscendC::TEventID id = AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::MTE3_S);
-    AscendC::SetFlag<AscendC::HardEvent::MTE3_S>(id);
-    AscendC::WaitFlag<AscendC::HardEvent::MTE3_S>(id);
-}
+__aicore__ inline void VectorToScalarSync() { PipeSync<AscendC::HardEvent::V_S>(); }
+__aicore__ inline void ScalarToVectorSync() { PipeSync<AscendC::HardEvent::S_V>(); }
+__aicore__ inline void ScalarToMte3Sync() { PipeSync<AscendC::HardEvent::S_MTE3>(); }
+__aicore__ inline void Mte3ToScalarSync() { PipeSync<AscendC::HardEvent::MTE3_S>(); }
 
 // ---- Scalar pieces --------------------------------------------------------------
 

@@ -110,14 +110,7 @@ private:
 
     __aicore__ inline void CopyIn(uint64_t offset, uint32_t len)
     {
-        LocalTensor<float> x = xQueue.AllocTensor<float>();
-        LoadChunk(x, xGm[offset], len);
-        xQueue.EnQue(x);
-        if (hasMask) {
-            LocalTensor<uint8_t> m = maskQueue.AllocTensor<uint8_t>();
-            LoadChunk(m, maskGm[offset], len);
-            maskQueue.EnQue(m);
-        }
+        EnqueueRowChunk(xQueue, maskQueue, xGm, maskGm, hasMask, offset, len);
     }
 
     // acc += select(m, x, -0.0) and count += select(m, 1.0, -0.0), lanes >= len being -0.0.

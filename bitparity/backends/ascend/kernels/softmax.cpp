@@ -123,14 +123,7 @@ private:
 
     __aicore__ inline void CopyIn(uint64_t offset, uint32_t len)
     {
-        LocalTensor<float> x = xQueue.AllocTensor<float>();
-        LoadChunk(x, xGm[offset], len);
-        xQueue.EnQue(x);
-        if (hasMask) {
-            LocalTensor<uint8_t> m = maskQueue.AllocTensor<uint8_t>();
-            LoadChunk(m, maskGm[offset], len);
-            maskQueue.EnQue(m);
-        }
+        EnqueueRowChunk(xQueue, maskQueue, xGm, maskGm, hasMask, offset, len);
     }
 
     // w = x * scale over the tile, then masked elements and lanes >= len set to -inf.

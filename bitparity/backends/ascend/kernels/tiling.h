@@ -122,6 +122,23 @@ __aicore__ inline void LoadChunk(const LocalTensor<T>& dst, const AscendC::Globa
     }
 }
 
+// CopyIn of one chunk of a row and, when the op has a mask, the same chunk of the mask:
+// the stage the reduction, softmax and masked kernels share.
+template <typename Queue>
+__aicore__ inline void EnqueueRowChunk(Queue& xQueue, Queue& maskQueue, const AscendC::GlobalTensor<float>& x,
+                                       const AscendC::GlobalTensor<uint8_t>& mask, bool hasMask, uint64_t offset,
+                                       uint32_t len)
+{
+    LocalTensor<float> xLocal = xQueue.template AllocTensor<float>();
+    LoadChunk(xLocal, x[offset], len);
+    xQueue.EnQue(xLocal);
+    if (hasMask) {
+        LocalTensor<uint8_t> m = maskQueue.template AllocTensor<uint8_t>();
+        LoadChunk(m, mask[offset], len);      // the mask is indexed only when there is one
+        maskQueue.EnQue(m);
+    }
+}
+
 // UB -> GM of exactly len elements.
 template <typename T>
 __aicore__ inline void StoreChunk(const AscendC::GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t len)
