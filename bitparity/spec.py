@@ -8,7 +8,7 @@ patterns: the bits are the definition, the decimal in the comment is a label.
 
 import struct
 
-SPEC_VERSION = "1.0.0"
+SPEC_VERSION = "1.1.0"
 
 # -- Reduction structure (spec section 3) ------------------------------------
 LANES = 1024          # L: lane j of a segment sums x[j], x[j+L], ... in sequence
@@ -81,6 +81,21 @@ K3_SERIES_BITS = (
     0x3E2AAAAB,   # 1/3!
     0x3F000000,   # 1/2!
 )
+
+# -- Sampling (spec 19-22) -------------------------------------------------------
+# Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11;
+# the constants of Random123 and of Triton's tl.philox).
+PHILOX_ROUNDS = 10
+PHILOX_M0 = 0xD2511F53           # multiplier of counter word 0
+PHILOX_M1 = 0xCD9E8D57           # multiplier of counter word 2
+PHILOX_W0 = 0x9E3779B9           # key word 0 increment (golden ratio)
+PHILOX_W1 = 0xBB67AE85           # key word 1 increment (sqrt(3) - 1)
+SAMPLE_STREAM = 0                # counter word 3 of the sampling noise: other streams use other values
+# Uniform and exponential variates of the race (spec 20)
+UNIFORM_COARSE_MIN = 1 << 16     # a >= 2**16 (V >= 2**-8): V = a * 2**-24 exactly; below, 23 more bits
+TWO_M24_BITS = 0x33800000        # 2**-24
+TWO_M48_BITS = 0x27800000        # 2**-48
+THIRD_BITS = 0x3EAAAAAB          # RN32(1/3): -log(1 - V) = V + V**2/2 + V**3/3 + ... for V < 2**-8
 
 
 def f32(bits: int) -> float:

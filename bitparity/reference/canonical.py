@@ -381,3 +381,169 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         total = masked_mean(masked_mean(loss, mask)[None, :], everything)
     frac = masked_mean(np.where(clipped, F32(1.0), F32(0.0)).reshape(1, -1), mask.reshape(1, -1))
     return total[0], frac[0]
+
+
+# -- Counter-based random numbers (spec 19) ------------------------------------------
+
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def philox(counters, keys):
+    """Philox4x32-10: uint32 counters [..., 4] and keys [..., 2] -> uint32 [..., 4] (Random123's order).
+
+    Each round: (c0, c1, c2, c3) <- (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0)),
+    then the key is bumped by (W0, W1). The 32x32 -> 64-bit products are exact in uint64.
+    """
+    c = [np.asarray(counters, dtype=np.uint64)[..., i] for i in range(4)]
+    k0, k1 = (np.asarray(keys, dtype=np.uint64)[..., i] for i in range(2))
+    for _ in range(spec.PHILOX_ROUNDS):
+        p0 = np.uint64(spec.PHILOX_M0) * c[0]
+        p1 = np.uint64(spec.PHILOX_M1) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _U32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _U32]
+        k0 = (k0 + np.uint64(spec.PHILOX_W0)) & _U32
+        k1 = (k1 + np.uint64(spec.PHILOX_W1)) & _U32
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def _split64(v):
+    """int64 [R] -> (low, high) uint32 words of the two's-complement pattern."""
+    u = np.asarray(v, dtype=np.int64).view(np.uint64)
+    return (u & _U32).astype(np.uint32), (u >> np.uint64(32)).astype(np.uint32)
+
+
+def race_noise(seeds, positions, n):
+    """[R] seeds and positions (int64) -> f32 [R, n]: log(E) of token i's Exp(1) variate (spec 20).
+
+    Token i of a row takes two words of Philox(counter = (i >> 1, pos_lo, pos_hi, SAMPLE_STREAM),
+    key = (seed_lo, seed_hi)): words 0, 1 for even i, words 2, 3 for odd i.
+    """
+    rows = len(seeds)
+    pairs = (n + 1) // 2
+    counters = np.zeros((rows, pairs, 4), dtype=np.uint32)
+    counters[:, :, 0] = np.arange(pairs, dtype=np.uint32)[None, :]
+    counters[:, :, 1], counters[:, :, 2] = (w[:, None] for w in _split64(positions))
+    counters[:, :, 3] = spec.SAMPLE_STREAM
+    keys = np.stack(_split64(seeds), axis=-1)[:, None, :].repeat(pairs, axis=1)
+    words = philox(counters, keys).reshape(rows, 2 * pairs, 2)[:, :n]     # [R, n, 2]: (a, b) per token
+    return log(_exponential(words[..., 0], words[..., 1]))
+
+
+def _exponential(a_word, b_word):
+    """Two uint32 words -> an Exp(1) variate E = -log(1 - V), V uniform in (0, 1) (spec 20).
+
+    V has 24 random bits where V >= 2**-8, and 23 more below, so that small E (which is what
+    lets an unlikely token win the race) is resolved down to 2**-47 rather than 2**-24.
+    """
+    a = (a_word >> np.uint32(8)).astype(I32)                     # 24 bits
+    b = (b_word >> np.uint32(9)).astype(I32)                     # 23 bits
+    coarse_v = a.astype(F32) * _c(spec.TWO_M24_BITS)             # exact
+    coarse = a >= I32(spec.UNIFORM_COARSE_MIN)
+    v = np.where(coarse, coarse_v,
+                 coarse_v + (I32(2) * b + I32(1)).astype(F32) * _c(spec.TWO_M48_BITS))
+    big = -log(F32(1.0) - v)                                     # 1 - v is exact on the coarse grid
+    s = v * _c(spec.THIRD_BITS)
+    s = s + _c(spec.HALF_BITS)
+    s = (v * v) * s
+    small = v + s                                                # v + v**2/2 + v**3/3, relative error < 2**-26
+    return np.where(coarse, big, small)
+
+
+# -- Selection and sampling (spec 21-22) ------------------------------------------------
+
+def _order_keys(x):
+    """f32 [...] -> int64 [...], ordered as the spec orders values: numerically, -0.0 == +0.0, NaN lowest."""
+    b = (x + F32(0.0)).view(I32).astype(np.int64)               # -0.0 -> +0.0
+    key = np.where(b < 0, np.int64(-(1 << 31)) - 1 - (b & 0x7FFFFFFF), b)
+    return np.where(x != x, np.int64(-(1 << 33)), key)
+
+
+def topk(x, k):
+    """[R, N] -> (values f32 [R, k], indices int64 [R, k]): by value descending, then index ascending (spec 21)."""
+    order = np.argsort(-_order_keys(x), axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(x, order, axis=1), order.astype(np.int64)
+
+
+def _invalid_rows(w):
+    """Rows holding a NaN or +inf logit: they have no distribution (spec 22)."""
+    return np.any((w != w) | (w == POS_INF), axis=1)
+
+
+def _kth_largest(w, k):
+    """[R, V], k [R] (1 <= k <= V) -> [R]: the k-th largest value of each row, counting repeats."""
+    return np.array([np.partition(row, row.size - kk)[row.size - kk] for row, kk in zip(w, k)], dtype=F32)
+
+
+def _mass_above(keep, w, e, v):
+    """[R] -> [R]: canonical sum of e_j over the kept j with w_j > v_r (spec 21, top-p)."""
+    return canonical_sum(np.where(keep & (w > v[:, None]), e, NEG_ZERO))
+
+
+def _top_p_floor(keep, w, e, thr):
+    """[R] -> [R]: the smallest kept value v with mass_above(v) < thr, by bisection over each row's
+    distinct kept values. mass_above is non-increasing in v, so any search gives this value."""
+    rows = w.shape[0]
+    # Distinct kept values, descending, behind a +inf sentinel: mass_above(+inf) = -0.0 < thr.
+    values = [np.concatenate([[POS_INF], np.unique(w[r][keep[r]])[::-1]]).astype(F32) for r in range(rows)]
+    lo = np.zeros(rows, dtype=np.int64)                               # mass_above(values[lo]) < thr holds
+    hi = np.array([len(v) for v in values], dtype=np.int64)           # it fails at hi (or hi is past the end)
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        probe = np.array([values[r][min(mid[r], len(values[r]) - 1)] for r in range(rows)], dtype=F32)
+        below = _mass_above(keep, w, e, probe) < thr
+        active = hi - lo > 1
+        lo = np.where(active & below, mid, lo)
+        hi = np.where(active & ~below, mid, hi)
+    return np.array([values[r][lo[r]] for r in range(rows)], dtype=F32)
+
+
+def filter_logits(x, scale, top_k, top_p, min_p):
+    """[R, V] -> [R, V]: w = x * scale with the tokens min-p, top-k and top-p remove set to -inf (spec 21).
+
+    scale f32 [R]; top_k int [R] (0: off); top_p f32 [R] (1: off); min_p f32 [R] (0: off).
+    Rows holding a NaN or +inf logit come out all NaN.
+    """
+    w = x * scale[:, None]
+    bad = _invalid_rows(w)
+    w = np.where(bad[:, None], NEG_INF, w)                           # keeps the steps below NaN-free
+    row_max = _canonical_max(w, 1)
+    shift = np.where(row_max == NEG_INF, F32(0.0), row_max)
+    e = exp(w - shift[:, None])
+    keep = w != NEG_INF
+    # min-p: p_i >= min_p * p_max  <=>  exp(w_i - max) >= min_p.
+    use = min_p > F32(0.0)
+    keep &= ~use[:, None] | (e >= min_p[:, None])
+    # top-k: keep the values >= the k-th largest value left (ties with it stay).
+    use = (top_k > 0) & (top_k < w.shape[1])
+    if np.any(use):
+        left = np.where(keep, w, NEG_INF)
+        tau = _kth_largest(left[use], top_k[use])
+        keep[use] &= left[use] >= tau[:, None]
+    # top-p: keep t iff the mass of the kept tokens above t is < p * (the kept mass).
+    use = top_p < F32(1.0)
+    if np.any(use):
+        ek = np.where(keep, e, NEG_ZERO)[use]
+        thr = top_p[use] * canonical_sum(ek)
+        floor = _top_p_floor(keep[use], w[use], ek, thr)
+        keep[use] &= w[use] >= floor[:, None]
+    out = np.where(keep, w, NEG_INF)
+    return np.where(bad[:, None], F32(np.nan), out)
+
+
+def _first_argmax(v):
+    """[R, V] -> int64 [R]: the lowest index holding the row's maximum; -1 where every value is -inf."""
+    idx = np.argmax(v, axis=1).astype(np.int64)                   # numpy returns the first maximum
+    return np.where(np.max(v, axis=1) == NEG_INF, np.int64(-1), idx)
+
+
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+    """[R, V] -> int64 [R]: the sampled token of each row, -1 where there is none (spec 22).
+
+    A greedy row takes the lowest-index maximum of x. Any other row takes the lowest-index
+    maximum of f_i - log(E_i), f = filter_logits(...), E_i its Exp(1) variate (the exponential
+    race, i.e. Gumbel-max in log space). A row holding a NaN or +inf logit, or no finite one, gives -1.
+    """
+    f = filter_logits(x, scale, top_k, top_p, min_p)
+    bad = np.isnan(f[:, 0])
+    scores = f - race_noise(seeds, positions, x.shape[1])
+    w = np.where(greedy[:, None], x, scores)
+    return np.where(bad, np.int64(-1), _first_argmax(np.where(bad[:, None], NEG_INF, w)))

@@ -101,3 +101,24 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     loss, frac = canonical.ppo_policy_loss(_np(logp), _np(old_logp), _np(advantages), _np(mask),
                                            ratio_low, ratio_high, dual_clip, ratio_clamp, agg)
     return _torch(loss), _torch(frac)
+
+
+def philox(counters, keys):
+    return torch.from_numpy(canonical.philox(_np(counters), _np(keys)).astype(np.int64))
+
+
+@_quiet
+def topk(x, k):
+    values, indices = canonical.topk(_np(x), k)
+    return _torch(values), torch.from_numpy(indices)
+
+
+@_quiet
+def filter_logits(x, scale, top_k, top_p, min_p):
+    return _torch(canonical.filter_logits(_np(x), _np(scale), _np(top_k), _np(top_p), _np(min_p)))
+
+
+@_quiet
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+    return torch.from_numpy(canonical.sample(_np(x), _np(scale), _np(top_k), _np(top_p), _np(min_p), _np(greedy),
+                                             _np(seeds), _np(positions)))

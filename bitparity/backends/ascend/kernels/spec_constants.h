@@ -1,5 +1,5 @@
 // Generated from bitparity/spec.py by bitparity/backends/ascend/spec_header.py: do not edit.
-// SPEC_VERSION 1.0.0.  Float constants are IEEE-754 binary32 bit patterns;
+// SPEC_VERSION 1.1.0.  Float constants are IEEE-754 binary32 bit patterns;
 // the kernels turn them into floats with FloatFromBits (canonical.h).
 #ifndef BITPARITY_SPEC_CONSTANTS_H
 #define BITPARITY_SPEC_CONSTANTS_H
@@ -9,9 +9,16 @@
 namespace bitparity {
 
 constexpr uint32_t LANES = 1024u;
+constexpr uint32_t PHILOX_M0 = 3528531795u;
+constexpr uint32_t PHILOX_M1 = 3449720151u;
+constexpr uint32_t PHILOX_ROUNDS = 10u;
+constexpr uint32_t PHILOX_W0 = 2654435769u;
+constexpr uint32_t PHILOX_W1 = 3144134277u;
 constexpr uint32_t RECIP_NEWTON_STEPS = 4u;
 constexpr uint32_t RSQRT_NEWTON_STEPS = 4u;
+constexpr uint32_t SAMPLE_STREAM = 0u;
 constexpr uint32_t SEGMENT = 16384u;
+constexpr uint32_t UNIFORM_COARSE_MIN = 65536u;
 
 constexpr uint32_t EXP_CLAMP_HI_BITS = 0x42B20000u;  // 89.0
 constexpr uint32_t EXP_CLAMP_LO_BITS = 0xC2D00000u;  // -104.0
@@ -33,8 +40,11 @@ constexpr uint32_t RECIP_MAGIC = 0x7EF311C3u;  // 1.6154731354610118e+38
 constexpr uint32_t ROUND_MAGIC_BITS = 0x4B400000u;  // 12582912.0
 constexpr uint32_t RSQRT_MAGIC = 0x5F3759DFu;  // 1.3211836172961055e+19
 constexpr uint32_t SPLIT_BITS = 0x45800800u;  // 4097.0
+constexpr uint32_t THIRD_BITS = 0x3EAAAAABu;  // 0.3333333432674408
 constexpr uint32_t THREE_HALVES_BITS = 0x3FC00000u;  // 1.5
 constexpr uint32_t TWO_BITS = 0x40000000u;  // 2.0
+constexpr uint32_t TWO_M24_BITS = 0x33800000u;  // 5.960464477539063e-08
+constexpr uint32_t TWO_M48_BITS = 0x27800000u;  // 3.552713678800501e-15
 
 // EXP_POLY_BITS, in spec.py's order
 constexpr uint32_t EXP_POLY_TERMS = 6u;
