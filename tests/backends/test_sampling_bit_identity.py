@@ -83,7 +83,8 @@ def test_philox_matches_numpy(backend):
 def test_topk_bits(backend, vocab):
     x = _logits(vocab, 2)
     x[0, : vocab // 2] = -0.0                              # signed zeros tie with each other
-    for k in sorted({1, min(5, vocab), vocab}):
+    # A full sort where the row is short; beam search takes k = beam_width <= V, usually small.
+    for k in sorted({1, min(5, vocab), min(300, vocab), vocab if vocab <= 1024 else 1}):
         want_v, want_i = _module("numpy").topk(x, k)
         got_v, got_i = _module(backend).topk(x, k)
         assert torch.equal(got_i, want_i), (k, (got_i != want_i).nonzero()[:5])
