@@ -97,3 +97,15 @@ def test_rl_only_the_canonical_order_keeps_ratios_at_one(tmp_path):
     assert r["bitparity"]["max_abs_ratio_minus_1"] == 0 and r["bitparity"]["loss_bias"] == 0
     assert r["native_log_softmax"]["tokens_differing"] > 0
     assert r["bf16_lm_head"]["max_abs_logdiff"] > r["native_log_softmax"]["max_abs_logdiff"] > 0
+
+
+def test_guide_diagrams_are_drawn(tmp_path):
+    from matplotlib import image
+
+    from bitparity.demo import diagrams
+
+    for draw in (diagrams.reduction_tree, diagrams.one_order_three_machines):
+        pixels = image.imread(draw(tmp_path))[..., :3]
+        assert pixels.shape[0] >= 400 and pixels.shape[1] >= 1000, pixels.shape
+        # Boxes fill the figure: far more than a title's worth of non-white pixels.
+        assert (pixels.min(axis=-1) < 0.95).mean() > 0.1
