@@ -86,8 +86,6 @@ def run(plots_dir=None):
                                    "loss bias", "clip fraction"), disable_numparse=True))
     print(f"\non-policy loss (ratio exactly 1): {on_policy_loss:.9g}.  Every other row should be 0 bias; "
           "only the canonical order on both sides is.")
-    print("Published scale: vLLM and TorchTitan reported a max log-prob difference of 1.56 before aligning "
-          "their kernels (design brief, section 1).")
     if plots_dir is not None:
         result["plot"] = _plot(plots_dir, ratios)
     return result
