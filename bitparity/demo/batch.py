@@ -71,24 +71,23 @@ def run(plots_dir=None):
 
     table, shares, result = [], {}, {"batch_sizes": list(BATCH_SIZES)}
     for key, label, kind, fn in _ops(h, w, logits):
-        full = fn(BATCH_SIZES[-1]).view(torch.int32)
-        share = [float((fn(b).view(torch.int32) != full[:b]).double().mean()) for b in BATCH_SIZES]
+        bits = {b: fn(b).view(torch.int32) for b in BATCH_SIZES}
+        full = bits[BATCH_SIZES[-1]]
+        share = [float((bits[b] != full[:b]).double().mean()) for b in BATCH_SIZES]
         # Distinct bit patterns of row 0 over every batch size: 1 means batch-invariant.
-        row0 = {fn(b)[0].view(torch.int32).numpy().tobytes() for b in BATCH_SIZES}
+        distinct = len({bits[b][0].numpy().tobytes() for b in BATCH_SIZES})
         shares[label] = (kind, share)
-        result[key] = {"label": label, "kind": kind, "distinct_row0": len(row0), "share_differing": share}
-        table.append((label, kind, len(row0), *(f"{100 * s:.0f}%" for s in share)))
+        result[key] = {"label": label, "kind": kind, "distinct_row0": distinct, "share_differing": share}
+        table.append((label, kind, distinct, *(f"{100 * s:.0f}%" for s in share)))
     print(tabulate(table, headers=("op", "kind", "distinct row 0", *(f"B={b}" for b in BATCH_SIZES)),
                    disable_numparse=True))
 
-    native_varies = any(entry["distinct_row0"] > 1 for entry in result.values()
-                        if isinstance(entry, dict) and entry["kind"] == "native")
-    print("\nOn this machine torch's own ops " + ("DO" if native_varies else "do NOT") +
-          " change a row's bits with the batch size" +
-          (": the matmul takes a different kernel path for small batches." if native_varies else
-           "; the simulated split reduction shows the effect GPU kernels have."))
+    varying = [label for label, (kind, share) in shares.items() if kind == "native" and any(share)]
+    print("\nOn this machine, torch ops whose rows change with the batch size: " +
+          (", ".join(varying) if varying else "none; the simulated split reduction shows the effect GPU kernels have") +
+          ".")
     print("bitparity's rows are the same bits in every batch: the order is a function of the row length only.")
-    result["native_varies_here"] = native_varies
+    result["native_varying_here"] = varying
     if plots_dir is not None:
         result["plot"] = _plot(plots_dir, shares)
     return result

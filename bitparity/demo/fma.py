@@ -11,7 +11,6 @@ rational arithmetic (numpy has no fma, and Python 3.11's math has none),
 the twice-rounded one from numpy float32, and what torch.addcmul gives here.
 """
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 from tabulate import tabulate
 
 from . import plots
-from .common import heading, hex32
+from .common import heading, hex32, round_to_float32
 
 RANDOM_TRIPLES = 20_000
 
@@ -35,21 +34,6 @@ error is all that is left.
 def fused(a, b, c):
     """RN32(a*b + c) with one rounding, from exact rational arithmetic."""
     return round_to_float32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
-
-
-def round_to_float32(q):
-    """The binary32 nearest to the rational q, ties to even (subnormals kept, overflow to inf)."""
-    if q == 0:
-        return np.float32(0.0)
-    magnitude = abs(q)
-    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
-    if Fraction(2) ** exponent > magnitude:
-        exponent -= 1                                  # now 2**exponent <= |q| < 2**(exponent + 1)
-    quantum = max(exponent, -126) - 23                 # spacing of binary32 at |q|; fixed below 2**-126
-    significand = round(magnitude / Fraction(2) ** quantum)   # Fraction rounds half to even
-    value = math.ldexp(significand, quantum)
-    with np.errstate(over="ignore"):
-        return np.float32(math.copysign(value, q))
 
 
 def unfused(a, b, c):
