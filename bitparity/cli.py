@@ -31,17 +31,17 @@ def _backends(_args):
 
 
 def _demo(args):
-    from . import demo
+    from .demo import TOPICS, plots
 
     if args.plots is not None:
         try:
-            demo.plots.pyplot()
+            plots.pyplot()
         except ImportError as error:
             raise SystemExit(f"bitparity demo: --plots: {error}") from error
-    topics = list(demo.TOPICS) if args.topic == "all" else [args.topic]
+    topics = list(TOPICS) if args.topic == "all" else [args.topic]
     results = {}
     for topic in topics:
-        results[topic] = demo.TOPICS[topic](args.plots)
+        results[topic] = TOPICS[topic](args.plots)
         print()
     if args.json is not None:
         with open(args.json, "w") as f:
