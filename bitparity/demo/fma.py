@@ -37,6 +37,7 @@ def fused(a, b, c):
 
 
 def unfused(a, b, c):
+    """RN32(RN32(a*b) + c): numpy float32 multiply, then add (numpy never contracts)."""
     return np.float32(np.float32(a) * np.float32(b)) + np.float32(c)
 
 

@@ -37,17 +37,16 @@ def _logprobs_native(logits, tokens):
     return torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
 
 
-def _rollouts(h, w, tokens):
+def _rollouts(h, w, logits, tokens):
     """(key, label, rollout log-probs) for each way the rollout side may compute them."""
     one_at_a_time = torch.stack([h_token[None] @ w for h_token in h.reshape(-1, HIDDEN)]).reshape(
         SEQUENCES, TOKENS, VOCAB)                    # decoding: one token's row through the LM head at a time
     bf16_logits = (h.bfloat16() @ w.bfloat16()).float()
-    batch_logits = h @ w
     return (
         ("bitparity", "bitparity both sides, rollout per sequence",
-         torch.stack([ops.token_logprobs(batch_logits[i:i + 1], tokens[i:i + 1], backend="cpu")[0]
+         torch.stack([ops.token_logprobs(logits[i:i + 1], tokens[i:i + 1], backend="cpu")[0]
                       for i in range(SEQUENCES)])),
-        ("native_log_softmax", "torch log_softmax, same logits", _logprobs_native(batch_logits, tokens)),
+        ("native_log_softmax", "torch log_softmax, same logits", _logprobs_native(logits, tokens)),
         ("native_matmul_m1", "torch, LM head one token at a time", _logprobs_native(one_at_a_time, tokens)),
         ("bf16_lm_head", "torch, bfloat16 LM head", _logprobs_native(bf16_logits, tokens)),
     )
@@ -72,7 +71,7 @@ def run(plots_dir=None):
 
     on_policy_loss, _ = loss(train)
     table, result, ratios = [], {"on_policy_loss": on_policy_loss}, {}
-    for key, label, rollout in _rollouts(h, w, tokens):
+    for key, label, rollout in _rollouts(h, w, logits, tokens):
         logdiff = (train - rollout).double()
         ratio = ops.exp(train - rollout, backend="cpu").double()
         value, clip_fraction = loss(rollout)
