@@ -1,6 +1,7 @@
-"""The `bitparity` command: `bitparity compare` and `bitparity backends`."""
+"""The `bitparity` command: `bitparity compare`, `bitparity backends` and `bitparity demo`."""
 
 import argparse
+import json
 import sys
 import time
 
@@ -29,6 +30,38 @@ def _backends(_args):
     return 0
 
 
+def _demo(args):
+    from .demo import TOPICS, plots
+
+    if args.plots is not None:
+        try:
+            plots.pyplot()
+        except ImportError as error:
+            raise SystemExit(f"bitparity demo: --plots: {error}") from error
+    topics = list(TOPICS) if args.topic == "all" else [args.topic]
+    results = {}
+    for topic in topics:
+        results[topic] = TOPICS[topic](args.plots)
+        print()
+    if args.json is not None:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _add_demo_parser(sub):
+    from .demo import TOPICS
+
+    dm = sub.add_parser("demo", help="runnable lessons: why float32 results differ, and bitparity's answer "
+                                     "(docs/learn/)")
+    dm.add_argument("topic", nargs="?", choices=(*TOPICS, "all"), default="all",
+                    help="order, batch, fma, exp, rl, or all (default)")
+    dm.add_argument("--plots", metavar="DIR", help="save each topic's figure as DIR/TOPIC.png (needs matplotlib)")
+    dm.add_argument("--json", metavar="FILE", help="write each topic's key numbers to FILE")
+    dm.set_defaults(func=_demo)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="bitparity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,6 +75,7 @@ def main(argv=None):
     cmp_.set_defaults(func=_compare)
     bk = sub.add_parser("backends", help="list the backends and whether they can run here")
     bk.set_defaults(func=_backends)
+    _add_demo_parser(sub)
     args = parser.parse_args(argv)
     if getattr(args, "op", None) is None and args.command == "compare":
         args.op = list(OPS)

@@ -8,19 +8,13 @@ approximate or special-function instructions, and flush-to-zero.  A negative
 control compiles a*b+c with fusion on and checks that the same checker
 catches the FMA, so a pass is not an empty search.
 
-The compile runs in one subprocess, because TRITON_INTERPRET=1 (which this
-test session may have set for the interpreter-backed tests) turns every
-@triton.jit function into an interpreted one that cannot be compiled.  The
-triton wheel ships ptxas, which the compiler queries for the PTX version even
-to emit PTX, and nvdisasm; no GPU or CUDA toolkit is needed.
-Run this file directly (python test_cuda_ptx.py OUT.json) to do the compile alone.
+The compile runs in one subprocess (bitparity/backends/cuda/ptx.py), because
+TRITON_INTERPRET=1 (which this test session may have set for the
+interpreter-backed tests) turns every @triton.jit function into an
+interpreted one that cannot be compiled.  No GPU or CUDA toolkit is needed.
 """
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -110,62 +104,16 @@ def forbidden(ptx, sass):
     return found
 
 
-# -- The compile, run in a subprocess with TRITON_INTERPRET=0 -------------------
-
-def _compile_all(out_path):
-    import importlib
-    import tempfile
-
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def control_kernel(a_ptr, b_ptr, c_ptr, out_ptr, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        a = tl.load(a_ptr + offs)
-        b = tl.load(b_ptr + offs)
-        c = tl.load(c_ptr + offs)
-        tl.store(out_ptr + offs, a * b + c)
-
-    target = GPUTarget("cuda", 90, 32)
-    nvdisasm = triton.knobs.nvidia.nvdisasm.path
-
-    def build(fn, signature, constexprs, fusion):
-        signature = {name: ty for name, ty in signature.items() if ty is not None}
-        signature.update({name: "constexpr" for name in constexprs})
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                                options={"enable_fp_fusion": fusion})
-        sass = None
-        if nvdisasm and os.access(nvdisasm, os.X_OK):
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                cubin.write(kernel.asm["cubin"])
-                cubin.flush()
-                sass = subprocess.run([nvdisasm, cubin.name], capture_output=True, text=True,
-                                      check=True).stdout
-        return {"ptx": kernel.asm["ptx"], "sass": sass}
-
-    results = {}
-    for name, (module, kernel, signature, constexprs, _) in KERNELS.items():
-        fn = getattr(importlib.import_module(f"bitparity.backends.cuda.{module}"), kernel)
-        results[name] = build(fn, signature, constexprs, fusion=False)
-    control_signature = {"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "out_ptr": "*fp32"}
-    results["control_fused"] = build(control_kernel, control_signature, {"BLOCK": 256}, fusion=True)
-    results["control_unfused"] = build(control_kernel, control_signature, {"BLOCK": 256}, fusion=False)
-    with open(out_path, "w") as out:
-        json.dump(results, out)
-
-
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    out_path = tmp_path_factory.mktemp("cuda_ptx") / "kernels.json"
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run([sys.executable, __file__, str(out_path)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"offline compile failed:\n{run.stdout}\n{run.stderr}"
-    with open(out_path) as results:
-        return json.load(results)
+def compiled():
+    from bitparity.backends.cuda import ptx
+
+    jobs = {name: (f"bitparity.backends.cuda.{module}", kernel, signature, constexprs, False)
+            for name, (module, kernel, signature, constexprs, _) in KERNELS.items()}
+    control = ("bitparity.backends.cuda.ptx", "multiply_add_kernel", ptx.MULTIPLY_ADD_SIGNATURE, {"BLOCK": 256})
+    jobs["control_fused"] = (*control, True)
+    jobs["control_unfused"] = (*control, False)
+    return ptx.compile_offline(jobs)
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -185,7 +133,3 @@ def test_checker_catches_fused_multiply_add(compiled):
     if fused["sass"] is not None:
         assert any("FFMA" in line for line in forbidden("", fused["sass"]))
     assert forbidden(unfused["ptx"], unfused["sass"]) == []
-
-
-if __name__ == "__main__":
-    _compile_all(sys.argv[1])
