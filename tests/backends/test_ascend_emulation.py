@@ -543,3 +543,18 @@ def test_sampling_kernels_core_count_changes_no_bit():
         for got, first in zip(results, runs[1]):
             assert torch.equal(_bits(got) if got.is_floating_point() else got,
                                _bits(first) if first.is_floating_point() else first), f"{blocks} cores differ from 1"
+
+
+def test_topk_beyond_one_output_block():
+    """k > 1024 takes several blocks of output positions, each bounded by the previous block's threshold;
+    NaNs (lowest in spec 21's order) fill the last positions when k exceeds the non-NaN count."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-40, 40, (2, 2600), generator=g).float() / 4      # many ties across block boundaries
+    x[0, ::9] = -0.0
+    x[1, ::5] = float("nan")
+    x[1, ::13] = float("-inf")
+    for k in (1025, 2080, 2600):
+        want_v, want_i = canonical.topk(x.numpy(), k)
+        got_v, got_i = host_emulation.topk(x, k)
+        assert torch.equal(got_i, torch.from_numpy(want_i)), k
+        assert torch.equal(_bits(got_v), _bits(torch.from_numpy(want_v))), k

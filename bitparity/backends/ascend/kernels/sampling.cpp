@@ -442,13 +442,13 @@ private:
     {
         const uint32_t lanes = geo.lanes;
         LocalTensor<float> noiseWork = noiseBuf.Get<float>();
-        LocalTensor<float> v = noiseWork;                     // ha, then V
-        LocalTensor<float> big = noiseWork[lanes];            // hb, then -log(1 - V)
-        LocalTensor<float> coarse = noiseWork[2 * lanes];     // V on the 2^-24 grid, then 1 - V, then E
-        LocalTensor<float> small = noise;                     // 2 hb + 1 as float, then V, the series
+        LocalTensor<float> v = noiseWork;                     // ha (int32), then V
+        LocalTensor<float> big = noiseWork[lanes];            // hb (int32), then -log(1 - V)
+        LocalTensor<float> coarse = noiseWork[2 * lanes];     // Vc, then 1 - V, then E
+        LocalTensor<float> series = noiseWork[3 * lanes];     // V * THIRD + HALF, then (V * V) * that
+        LocalTensor<float> small = noise;                     // the fine V, then V * V, then the series' sum
         LocalTensor<int32_t> ha = v.ReinterpretCast<int32_t>();
         LocalTensor<int32_t> hb = big.ReinterpretCast<int32_t>();
-        LocalTensor<float> series = noiseWork[3 * lanes];
         LocalTensor<float> work = workBuf.Get<float>();
         LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
         LocalTensor<uint8_t> isCoarse = coarseBuf.Get<uint8_t>();
