@@ -36,7 +36,7 @@ def _strip_comments(text):
 def test_kernels_call_no_vendor_math():
     sources = host_emulation.KERNEL_SOURCES + host_emulation.KERNEL_HEADERS
     assert {p.name for p in sources} >= {"canonical.h", "reduce.cpp", "softmax.cpp", "elementwise.cpp", "masked.cpp",
-                                         "kl.cpp", "gae.cpp", "ppo.cpp"}
+                                         "kl.cpp", "gae.cpp", "ppo.cpp", "selection.h", "topk.cpp", "sampling.cpp"}
     found = [f"{p.name}: {m.group(0)}" for p in sources
              for m in FORBIDDEN_CALL.finditer(_strip_comments(p.read_text()))]
     assert not found, f"vendor instructions in the canonical path: {found}"
@@ -516,3 +516,45 @@ def test_rl_kernels_core_count_changes_no_bit(rows, cols):
     for blocks, results in runs.items():
         for got, first in zip(results, runs[1]):
             assert torch.equal(_bits(got), _bits(first)), f"{blocks} cores differ from 1"
+
+
+def test_sampling_kernels_core_count_changes_no_bit():
+    """topk, filter_logits and sample spread rows over cores; each row's bits, tokens and indices must not move.
+    16385 columns: two segments, so top-p's masses run the partial tree."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 16385, generator=g) * 3
+    x[1, ::7] = float("-inf")
+    x[2, :100] = 2.5                                     # ties at the top
+    scale = torch.tensor([1.25, 1.25, 0.5, 1.25, 1.0, 2.0])
+    top_k = torch.tensor([0, 5, 0, 50, 0, 3])
+    top_p = torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0, 0.3])
+    min_p = torch.tensor([0.0, 0.0, 0.1, 0.0, 0.0, 0.05])
+    greedy = torch.tensor([False, False, False, False, True, False])
+    seeds = torch.arange(6) - 2
+    positions = torch.arange(6) * 2**33 + 5
+    runs = {}
+    for blocks in (1, 4, 40):
+        runs[blocks] = [
+            host_emulation.filter_logits(x, scale, top_k, top_p, min_p, blocks=blocks),
+            host_emulation.sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions, blocks=blocks),
+            *host_emulation.topk(x, 7, blocks=blocks),
+        ]
+    for blocks, results in runs.items():
+        for got, first in zip(results, runs[1]):
+            assert torch.equal(_bits(got) if got.is_floating_point() else got,
+                               _bits(first) if first.is_floating_point() else first), f"{blocks} cores differ from 1"
+
+
+def test_topk_beyond_one_output_block():
+    """k > 1024 takes several blocks of output positions, each bounded by the previous block's threshold;
+    NaNs (lowest in spec 21's order) fill the last positions when k exceeds the non-NaN count."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-40, 40, (2, 2600), generator=g).float() / 4      # many ties across block boundaries
+    x[0, ::9] = -0.0
+    x[1, ::5] = float("nan")
+    x[1, ::13] = float("-inf")
+    for k in (1025, 2080, 2600):
+        want_v, want_i = canonical.topk(x.numpy(), k)
+        got_v, got_i = host_emulation.topk(x, k)
+        assert torch.equal(got_i, torch.from_numpy(want_i)), k
+        assert torch.equal(_bits(got_v), _bits(torch.from_numpy(want_v))), k

@@ -18,6 +18,8 @@ They run in one of two ways:
 
 import math
 
+import torch
+
 from . import host_emulation, npu_ops
 
 NAME = "ascend"
@@ -153,3 +155,33 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         total = _masked_mean(_masked_mean(loss, mask).reshape(1, -1), None)
     frac = _masked_mean(clipped.reshape(1, -1), flat_mask)
     return total.reshape(()), frac.reshape(())
+
+
+def _as_words(t):
+    """int64 values in [0, 2**32) -> the same uint32 words as int32 (what the kernel reads)."""
+    return torch.where(t >= 2**31, t - 2**32, t).to(torch.int32).contiguous()
+
+
+def philox(counters, keys):
+    """The kernel works on uint32 words: the contract's int64 values go in and come out as such."""
+    args = (_as_words(counters), _as_words(keys))
+    words = npu_ops.op("philox")(*args) if _on_npu() else host_emulation.philox(*args)
+    return words.to(torch.int64) & 0xFFFFFFFF
+
+
+def topk(x, k):
+    if _on_npu():
+        return tuple(npu_ops.op("topk")(x, k))
+    return host_emulation.topk(x, k)
+
+
+def filter_logits(x, scale, top_k, top_p, min_p):
+    if _on_npu():
+        return npu_ops.op("filter_logits")(x, scale, top_k, top_p, min_p)
+    return host_emulation.filter_logits(x, scale, top_k, top_p, min_p)
+
+
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+    if _on_npu():
+        return npu_ops.op("sample")(x, scale, top_k, top_p, min_p, greedy, seeds, positions)
+    return host_emulation.sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions)

@@ -39,6 +39,9 @@ BLOCKS = 40
 # It also keeps the float32 counts of kernels/masked.cpp exact (every count <= 2**24).
 MAX_ROW = 1024 * spec.SEGMENT
 
+# Counters per tile of kernels/sampling.cpp's philox kernel (PHILOX_TILE there).
+PHILOX_TILE = 256
+
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 _SOFTMAX = [_U32, _P, _P, _P, _U32, _U32, _U32, _F32]    # blocks, x, mask, out, rows, cols, hasMask, scale
 _SIGNATURES = {
@@ -55,6 +58,10 @@ _SIGNATURES = {
     "bp_kl_penalty": [_U32, _P, _P, _P, _U32, _U32, _F32, _F32],     # blocks, logp, ref, out, n, kind, clamps
     "bp_gae": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32, _F32, _F32, _U32],
     "bp_ppo_token_losses": [_U32, _P, _P, _P, _P, _P, _U32, _F32, _F32, _F32, _F32],
+    "bp_philox": [_U32, _P, _P, _P, _U32],                               # blocks, counters, keys, out, n
+    "bp_topk": [_U32, _P, _P, _P, _U32, _U32, _U32],                     # blocks, x, values, indices, rows, cols, k
+    "bp_filter_logits": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32],      # blocks, x, scale, top_k, top_p, min_p, out,
+    "bp_sample": [_U32, _P, _P, _P, _P, _P, _P, _P, _P, _P, _U32, _U32],  # ... greedy, seeds, positions, tokens
 }
 
 _lock = threading.Lock()
@@ -195,3 +202,45 @@ def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_cli
                                        advantages.data_ptr(), loss.data_ptr(), clipped.data_ptr(), n, ratio_low,
                                        ratio_high, dual_clip, ratio_clamp))
     return loss, clipped
+
+
+def philox(counters, keys, blocks=None):
+    """uint32 words as int32: [n, 4] counters, [n, 2] keys -> [n, 4] (spec 19)."""
+    lib = library()
+    n = _flat_count(counters) // 4
+    out = torch.empty(n, 4, dtype=torch.int32)
+    tiles = -(-n // PHILOX_TILE)
+    check(lib, lib.bp_philox(_blocks(tiles, blocks), counters.data_ptr(), keys.data_ptr(), out.data_ptr(), n))
+    return out
+
+
+def topk(x, k, blocks=None):
+    """[R, N] -> (values f32 [R, k], indices int64 [R, k]) in spec 21's order."""
+    lib = library()
+    rows, cols = _dims(x)
+    values = torch.empty(rows, k, dtype=torch.float32)
+    indices = torch.empty(rows, k, dtype=torch.int64)
+    check(lib, lib.bp_topk(_blocks(rows, blocks), x.data_ptr(), values.data_ptr(), indices.data_ptr(), rows, cols, k))
+    return values, indices
+
+
+def filter_logits(x, scale, top_k, top_p, min_p, blocks=None):
+    """[R, V] -> [R, V]; per-row scale f32, top_k int64, top_p f32, min_p f32 (spec 21)."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_filter_logits(_blocks(rows, blocks), x.data_ptr(), scale.data_ptr(), top_k.data_ptr(),
+                                    top_p.data_ptr(), min_p.data_ptr(), out.data_ptr(), rows, cols))
+    return out
+
+
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions, blocks=None):
+    """[R, V] -> int64 [R] tokens (spec 22); per-row parameters as filter_logits, plus greedy bool,
+    seeds and positions int64."""
+    lib = library()
+    rows, cols = _dims(x)
+    tokens = torch.empty(rows, dtype=torch.int64)
+    check(lib, lib.bp_sample(_blocks(rows, blocks), x.data_ptr(), scale.data_ptr(), top_k.data_ptr(),
+                             top_p.data_ptr(), min_p.data_ptr(), greedy.data_ptr(), seeds.data_ptr(),
+                             positions.data_ptr(), tokens.data_ptr(), rows, cols))
+    return tokens

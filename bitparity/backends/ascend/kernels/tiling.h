@@ -181,22 +181,24 @@ __aicore__ inline void SelectUnmasked(const LocalTensor<float>& dst, const Local
     AscendC::Select(dst, bits, src, fill, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
 }
 
-// Per-row results (one float per row) collected by the scalar unit in a VECOUT
-// TBuf and written to GM in runs of RESULTS_PER_FLUSH with DataCopyPad.
-class RowResults {
+// Per-row results (one value per row: float, or the int64 tokens of sampling.cpp)
+// collected by the scalar unit in a VECOUT TBuf and written to GM in runs of
+// RESULTS_PER_FLUSH with DataCopyPad.
+template <typename T>
+class RowResultsOf {
 public:
     __aicore__ inline void Init(AscendC::TPipe* pipe, GM_ADDR out, uint32_t rows)
     {
-        outGm.SetGlobalBuffer((__gm__ float*)out, rows);
-        pipe->InitBuffer(buf, RESULTS_PER_FLUSH * sizeof(float));
+        outGm.SetGlobalBuffer((__gm__ T*)out, rows);
+        pipe->InitBuffer(buf, RESULTS_PER_FLUSH * sizeof(T));
     }
 
-    __aicore__ inline void Put(uint32_t row, float value)
+    __aicore__ inline void Put(uint32_t row, T value)
     {
         if (count == 0) {
             first = row;
         }
-        buf.Get<float>().SetValue(count, value);
+        buf.Get<T>().SetValue(count, value);
         if (++count == RESULTS_PER_FLUSH) {
             Flush();
         }
@@ -208,17 +210,19 @@ public:
             return;
         }
         ScalarToMte3Sync();
-        StoreChunk(outGm[first], buf.Get<float>(), count);
+        StoreChunk(outGm[first], buf.Get<T>(), count);
         Mte3ToScalarSync();
         count = 0;
     }
 
 private:
-    AscendC::GlobalTensor<float> outGm;
+    AscendC::GlobalTensor<T> outGm;
     AscendC::TBuf<AscendC::TPosition::VECOUT> buf;
     uint32_t first = 0;
     uint32_t count = 0;
 };
+
+using RowResults = RowResultsOf<float>;
 
 }  // namespace bitparity
 
