@@ -96,17 +96,19 @@ def make_tokens(x, seed=0):
     return torch.from_numpy(tokens.astype(np.int64))
 
 
+ELEMENTWISE_SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45, 1.17549435e-38,
+                                 3.4028235e38, 88.72283, 88.72284, -103.97207, -103.97208], dtype=np.float32)
+
+
 def make_elementwise(op, n, seed=0):
-    """float32 [n] inputs for exp or log: uniform bit patterns over the interesting range, then specials."""
+    """float32 [15 + n] inputs for exp or log: the specials, then n values uniform over the interesting range
+    (exp) or uniform bit patterns over the positive floats (log)."""
     rng = np.random.default_rng([seed, n, 7])
     if op == "exp":
         body = rng.uniform(-110.0, 95.0, n).astype(np.float32)
     else:
         body = rng.integers(0, 0x7F800000, n, dtype=np.int64).astype(np.uint32).view(np.float32)
-    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45,
-                         1.17549435e-38, 3.4028235e38, 88.72283, 88.72284, -103.97207, -103.97208],
-                        dtype=np.float32)
-    return torch.from_numpy(np.concatenate([specials, body]).astype(np.float32))
+    return torch.from_numpy(np.concatenate([ELEMENTWISE_SPECIALS, body]).astype(np.float32))
 
 
 def make_batch(rows, n, seed=0):
@@ -269,8 +271,12 @@ def timing_case(op, tier="quick", seed=0):
 SOFTMAX_OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs")
 ROW_SHAPES = {"quick": ((8, 1000), (4, 32000), (1, 151936)),
               "full": ((3, 63), (64, 1025), (16, 16385), (8, 32000), (4, 151936))}
-# Batch x vocab of real RL runs (Llama-2 32000, Llama-3 128256, Qwen2 151936), full tier only.
-RL_VOCAB_SHAPES = ((256, 32000), (64, 128256), (256, 151936))
+# Every row kind runs on these shapes; the quick tier keeps them small because the cuda backend
+# runs in the Triton interpreter and ascend in a host emulation on a machine without GPU or NPU.
+KIND_SHAPES = {"quick": ((8, 1000),), "full": ROW_SHAPES["full"]}
+ADVERSARIAL_SHAPE = {"quick": (4, 1000), "full": (64, 32000)}
+# Batch x vocab of real RL runs (Llama-2 32000, Llama-3 128256, Qwen2 151936), on random logits.
+VOCAB_SHAPES = {"quick": ((4, 32000), (1, 128256), (1, 151936)), "full": ((256, 32000), (64, 128256), (256, 151936))}
 SOFTMAX_TIMING_SHAPE = {"quick": (16, 32000), "full": (64, 32000)}
 TEMPERATURES = (1.0, 0.7)
 
@@ -298,17 +304,16 @@ def _softmax_cases(op, seed):
     kinds = [k for k in ROW_KINDS if not (op == "token_logprobs" and k == "masked")]   # it takes no mask
     temps = (1.0,) if op == "sum" else TEMPERATURES
     for tier in TIERS:
-        for rows, n in ROW_SHAPES[tier]:
+        for rows, n in KIND_SHAPES[tier]:
             for kind in kinds:
                 for temperature in (temps if kind == "random" else (1.0,)):
                     yield _softmax_case(op, tier, kind, rows, n, temperature, seed)
         for kind in ADVERSARIAL_KINDS:
-            rows, n = (4, 1000) if tier == "quick" else (64, 32000)
             for temperature in temps:
-                yield _softmax_case(op, tier, kind, rows, n, temperature, seed)
-    for rows, n in RL_VOCAB_SHAPES:
-        for temperature in temps:
-            yield _softmax_case(op, "full", "random", rows, n, temperature, seed)
+                yield _softmax_case(op, tier, kind, *ADVERSARIAL_SHAPE[tier], temperature, seed)
+        for rows, n in VOCAB_SHAPES[tier]:
+            for temperature in temps:
+                yield _softmax_case(op, tier, "random", rows, n, temperature, seed)
 
 
 def _softmax_timing(op, tier, seed):
@@ -323,7 +328,8 @@ ELEMENTWISE_N = {"quick": 1 << 16, "full": 1 << 22}
 
 def _elementwise_case(op, tier, kind, n, seed):
     make = make_elementwise if kind == "sweep" else make_subnormal_elementwise
-    return Case(f"{op}/{kind}/{n}", op, tier, {"x": [n]}, lambda: ((make(op, n, seed),), {}))
+    size = n + len(ELEMENTWISE_SPECIALS) if kind == "sweep" else n
+    return Case(f"{op}/{kind}/{n}", op, tier, {"x": [size]}, lambda: ((make(op, n, seed),), {}))
 
 
 def _elementwise_cases(op, seed):

@@ -67,6 +67,13 @@ def compute(tier, backend=WRITER, progress=True):
             "writer": backend, "cases": rows}
 
 
+def dumps(doc):
+    """The golden document as JSON with one case per line, so a regenerated file diffs case by case."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "cases"}, indent=1)[:-2]
+    rows = ",\n".join("  " + json.dumps(c) for c in doc["cases"])
+    return f'{head},\n "cases": [\n{rows}\n ]\n}}\n'
+
+
 def load(path=None):
     """The golden document at path (default: tests/golden/spec-v<SPEC_VERSION>.json)."""
     path = Path(path) if path is not None else default_path()
@@ -139,7 +146,7 @@ def main(argv=None):
     doc = compute("quick" if args.quick else "full")
     path = Path(args.out) if args.out else default_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(dumps(doc))
     print(f"wrote {len(doc['cases'])} digests to {path}")
     return 0
 
