@@ -60,8 +60,12 @@ def _add_compare_parser(sub):
 
 def _verify(args):
     path = args.golden or golden.default_path()
-    doc = golden.load(path)
-    rows = golden.verify(args.backend, cli_common.tier(args), doc)
+    try:
+        doc = golden.load(path)
+        rows = golden.verify(args.backend, cli_common.tier(args), doc)
+    except (FileNotFoundError, ValueError) as err:      # no file, or one of another spec or suite
+        print(f"bitparity verify: {err}", file=sys.stderr)
+        return 2
     matched = sum(r["match"] for r in rows)
     summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} cases match the golden digests of "
                f"spec {doc['spec_version']} ({path}); {len(rows) - matched} mismatch")
@@ -105,7 +109,7 @@ def _diff(args):
         print(f"bitparity diff: {why}: their digests are not comparable", file=sys.stderr)
         return 2
     result = diff.diff(a, b)
-    head = "\n".join(f"{tag}: {path}  ({report._where(d)}; backends {', '.join(d['backends'])})"
+    head = "\n".join(f"{tag}: {path}  ({report.where(d)}; backends {', '.join(d['backends'])})"
                      for tag, path, d in (("a", args.a, a), ("b", args.b, b)))
     summary = (f"{result['cases']} common cases ({result['only_a']} only in a, {result['only_b']} only in b): "
                + ("canonical digests DIFFER" if diff.failed(result) else "every canonical digest agrees"))

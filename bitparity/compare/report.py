@@ -53,7 +53,7 @@ def packages():
             "triton": _version("triton"), "torch_npu": _version("torch_npu")}
 
 
-def _cpu_name():
+def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -88,7 +88,7 @@ def _cann_version():
 def device():
     npu = getattr(torch, "npu", None)
     has_npu = npu is not None and npu.is_available()
-    return {"cpu": _cpu_name(),
+    return {"cpu": cpu_name(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "npu": npu.get_device_name(0) if has_npu else None,
             "cuda_runtime": torch.version.cuda,
@@ -145,7 +145,7 @@ def backends_table(rows=None):
                     tablefmt="github")
 
 
-def _where(doc):
+def where(doc):
     d, p = doc["device"], doc["packages"]
     accel = ", ".join(f"{k} {v}" for k, v in d.items() if k != "cpu" and v) or "no GPU or NPU"
     pkgs = ", ".join(f"{k} {v}" for k, v in p.items() if v)
@@ -155,7 +155,7 @@ def _where(doc):
 def header(doc):
     return (f"bitparity {doc['spec_version']}: suite {doc['suite_version']}, {doc['tier']} tier, "
             f"{len(doc['cases'])} cases, seed {doc['seed']}; canonical = the `numpy` backend (the spec executed)\n"
-            f"machine: {_where(doc)}")
+            f"machine: {where(doc)}")
 
 
 def markdown(doc, plots=None):
@@ -165,7 +165,7 @@ def markdown(doc, plots=None):
              f"Spec {doc['spec_version']}, suite {doc['suite_version']} ({doc['tier']} tier, {len(doc['cases'])} "
              f"cases, seed {doc['seed']}), run {doc['created']}" +
              (f" by `{doc['command']}`." if doc["command"] else "."), "",
-             f"Machine: {_where(doc)}.", "",
+             f"Machine: {where(doc)}.", "",
              "## Backends", "", backends_table(doc["backend_info"]), "",
              "## Agreement, accuracy and cost", "",
              "`exact %`: share of result elements whose bits equal the canonical (`numpy`) result. "

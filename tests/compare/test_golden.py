@@ -88,3 +88,8 @@ def test_verify_refuses_a_golden_file_of_another_suite(committed, tmp_path):
     other = dict(committed, suite_version="0")
     with pytest.raises(ValueError, match="suite 0"):
         golden.verify("cpu", "quick", other, progress=False)
+
+
+def test_verify_without_a_golden_file_says_how_to_make_one(tmp_path, capsys):
+    assert cli.main(["verify", "--backend", "cpu", "--golden", str(tmp_path / "none.json")]) == 2
+    assert "python -m bitparity.compare.golden --write" in capsys.readouterr().err
