@@ -13,7 +13,6 @@ torch.log_softmax + gather for the log-probs of the sampled tokens.
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -21,19 +20,9 @@ import torch
 from tabulate import tabulate
 
 from bitparity.backends import cpu
+from bitparity.compare.report import cpu_name
 
 SHAPES = ((64, 151936), (4096, 32000))
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def median_ms(fns, repeats):
@@ -58,7 +47,7 @@ def main():
     ok, how = cpu.availability()
     if not ok:
         raise SystemExit(f"cpu backend unavailable: {how}")
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical cores; torch {torch.__version__}, "
+    print(f"CPU: {cpu_name()}; {os.cpu_count()} logical cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print(f"bitparity cpu: {how}")
 

@@ -1,34 +1,143 @@
-"""The `bitparity` command: `bitparity compare`, `bitparity backends` and `bitparity demo`."""
+"""The `bitparity` command: compare, verify, diff, backends and demo.
+
+Each subcommand has its own `_add_<name>_parser(sub)` and handler, so commands are added one
+block at a time."""
 
 import argparse
 import json
 import sys
 import time
 
+from tabulate import tabulate
+
 from .backends import NAMES
-from .compare import report
+from .compare import cli_common, diff, golden, report, schema
 from .compare.run import OPS, compare
 from .spec import SPEC_VERSION
 
 
+def _emit(fmt, table, markdown, doc):
+    print({"table": table, "markdown": markdown}[fmt] if fmt != "json" else json.dumps(doc, indent=1))
+
+
+# -- compare ------------------------------------------------------------------------
+
 def _compare(args):
     start = time.perf_counter()
-    progress = (lambda msg: print(f"  .. {msg}", file=sys.stderr)) if args.verbose else None
-    results = compare(backends=args.backend, ops_=args.op, suite=args.suite, seed=args.seed, progress=progress)
-    print(f"bitparity {SPEC_VERSION}: canonical = the `numpy` backend (the spec executed); suite = {args.suite}\n")
-    print(report.backends_table())
-    print()
-    print(report.table(results))
-    with open(args.json, "w") as f:
-        f.write(report.to_json(results, args.suite))
-    print(f"\nwrote {args.json} in {time.perf_counter() - start:.1f} s")
+    run = compare(backends=args.backend, ops_=args.op or OPS, tier=cli_common.tier(args), seed=args.seed)
+    doc = report.document(run, command="bitparity " + " ".join(args.argv))
+    with open(args.out, "w") as f:
+        f.write(report.to_json(doc) + "\n")
+    plots = {}
+    if args.plots:
+        from .compare import plots as plotting        # matplotlib only when plots are asked for
+        plots = plotting.write(doc, args.plots)
+    if args.format == "json":
+        print(report.to_json(doc))
+    elif args.format == "markdown":
+        print(report.markdown(doc, {kind: str(path) for kind, path in plots.items()}))
+    else:
+        print(f"{report.header(doc)}\n\n{report.backends_table(doc['backend_info'])}\n\n{report.table(doc)}")
+    print(f"wrote {args.out}" + (f" and plots in {args.plots}" if plots else "") +
+          f" in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
 
+
+def _add_compare_parser(sub):
+    p = sub.add_parser("compare", help="run the suite on every available backend: agreement, accuracy and cost")
+    p.add_argument("--backend", action="append", choices=NAMES, help="backends to run (repeatable; default: all available)")
+    p.add_argument("--op", action="append", choices=OPS, help="ops to run (repeatable; default: all)")
+    cli_common.add_tier_args(p)
+    cli_common.add_format_args(p)
+    p.add_argument("--seed", type=int, default=0, help="input seed (the golden digests are for seed 0)")
+    p.add_argument("--out", "--json", dest="out", default="bitparity-report.json",
+                   help="where to write the run document (docs/report-schema.md); default bitparity-report.json")
+    p.add_argument("--plots", metavar="DIR", help="also draw the agreement, ulp and cost plots (PNG) into DIR")
+    p.set_defaults(func=_compare)
+
+
+# -- verify -------------------------------------------------------------------------
+
+def _verify(args):
+    path = args.golden or golden.default_path()
+    try:
+        doc = golden.load(path)
+        rows = golden.verify(args.backend, cli_common.tier(args), doc)
+    except (FileNotFoundError, ValueError) as err:      # no file, or one of another spec or suite
+        print(f"bitparity verify: {err}", file=sys.stderr)
+        return 2
+    matched = sum(r["match"] for r in rows)
+    summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} cases match the golden digests of "
+               f"spec {doc['spec_version']} ({path}); {len(rows) - matched} mismatch")
+    cells = [(r["name"], "match" if r["match"] else "MISMATCH",
+              "" if r["match"] else "-" if r["max_ulp"] is None else f"{r['max_ulp']:.3g}",
+              "" if r["first_diff"] is None else r["first_diff"]) for r in rows]
+    table = tabulate(cells, headers=("case", "result", "max ulp vs local canonical", "first differing index"),
+                     tablefmt="github")
+    local_agrees = [r["name"] for r in rows if not r["match"] and r["first_diff"] is None]
+    note = (f"\n{len(local_agrees)} mismatching case(s) equal this machine's canonical result bit for bit: "
+            f"the golden file, not {args.backend}, differs from the code here") if local_agrees else ""
+    _emit(args.format, f"{table}\n\n{summary}{note}", f"# bitparity verify\n\n{table}\n\n{summary}{note}",
+          {"backend": args.backend, "tier": cli_common.tier(args), "spec_version": SPEC_VERSION,
+           "golden": str(path), "matched": matched, "cases": rows})
+    return 0 if matched == len(rows) else 1
+
+
+def _add_verify_parser(sub):
+    p = sub.add_parser("verify", help="run the suite on one backend and check every case against the golden digests")
+    p.add_argument("--backend", required=True, choices=NAMES)
+    cli_common.add_tier_args(p)
+    cli_common.add_format_args(p)
+    p.add_argument("--golden", help="golden digest file (default: tests/golden/spec-v<SPEC_VERSION>.json)")
+    p.set_defaults(func=_verify)
+
+
+# -- diff ---------------------------------------------------------------------------
+
+def _diff(args):
+    docs = []
+    for path in (args.a, args.b):
+        with open(path) as f:
+            try:
+                docs.append(schema.validate(json.load(f)))
+            except (ValueError, json.JSONDecodeError) as err:
+                print(f"bitparity diff: {path}: {err}", file=sys.stderr)
+                return 2
+    a, b = docs
+    why = diff.incomparable(a, b)
+    if why:
+        print(f"bitparity diff: {why}: their digests are not comparable", file=sys.stderr)
+        return 2
+    result = diff.diff(a, b)
+    head = "\n".join(f"{tag}: {path}  ({report.where(d)}; backends {', '.join(d['backends'])})"
+                     for tag, path, d in (("a", args.a, a), ("b", args.b, b)))
+    summary = (f"{result['cases']} common cases ({result['only_a']} only in a, {result['only_b']} only in b): "
+               + ("canonical digests DIFFER" if diff.failed(result) else "every canonical digest agrees"))
+    body = f"{head}\n\n{diff.table(result)}\n\n{summary}"
+    _emit(args.format, body, f"# bitparity diff\n\n{body}", result)
+    return 1 if diff.failed(result) else 0
+
+
+def _add_diff_parser(sub):
+    p = sub.add_parser("diff", help="compare two `compare --out` run documents case by case")
+    p.add_argument("a", help="a run document (e.g. from a CUDA machine)")
+    p.add_argument("b", help="another run document (e.g. from an Ascend machine)")
+    cli_common.add_format_args(p)
+    p.set_defaults(func=_diff)
+
+
+# -- backends -----------------------------------------------------------------------
 
 def _backends(_args):
     print(report.backends_table())
     return 0
 
+
+def _add_backends_parser(sub):
+    sub.add_parser("backends", help="list the backends and whether they can run here").set_defaults(func=_backends)
+
+
+# -- demo ---------------------------------------------------------------------------
 
 def _demo(args):
     from .demo import TOPICS, plots
@@ -63,22 +172,13 @@ def _add_demo_parser(sub):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="bitparity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    cmp_ = sub.add_parser("compare", help="run every op on every available backend and report agreement and cost")
-    cmp_.add_argument("--backend", action="append", choices=NAMES, help="backends to run (repeatable; default: all available)")
-    cmp_.add_argument("--op", action="append", choices=OPS, help="ops to run (repeatable; default: all)")
-    cmp_.add_argument("--suite", choices=("quick", "full"), default="quick", help="case suite size (default: quick)")
-    cmp_.add_argument("--seed", type=int, default=0)
-    cmp_.add_argument("--json", default="bitparity-report.json", help="where to write the JSON report")
-    cmp_.add_argument("-v", "--verbose", action="store_true", help="print each case as it runs")
-    cmp_.set_defaults(func=_compare)
-    bk = sub.add_parser("backends", help="list the backends and whether they can run here")
-    bk.set_defaults(func=_backends)
-    _add_demo_parser(sub)
+    for add in (_add_compare_parser, _add_verify_parser, _add_diff_parser, _add_backends_parser, _add_demo_parser):
+        add(sub)
     args = parser.parse_args(argv)
-    if getattr(args, "op", None) is None and args.command == "compare":
-        args.op = list(OPS)
+    args.argv = argv
     return args.func(args)
 
 

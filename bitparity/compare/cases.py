@@ -1,15 +1,33 @@
-"""Deterministic inputs: the row kinds every op is compared and tested on.
+"""Deterministic inputs and the conformance suite built from them.
 
-A case is a function of (kind, rows, n, seed) only, so a failing case can be
-rebuilt anywhere.  Kinds cover the numerics that break naive code: wide
-dynamic range, ties (all-equal rows), near-one-hot rows (low entropy),
-masks with fully masked rows, and IEEE specials.
+Inputs are a function of (kind, shape, seed) only, so a failing case can be
+rebuilt anywhere from its name.  Row kinds cover the numerics that break naive
+code: wide dynamic range, ties (all-equal rows), near-one-hot rows (low
+entropy), masks with fully masked rows, and IEEE specials; the adversarial
+kinds add subnormals, values near float32's maximum, repeated maxima, signed
+zeros and -inf rows.
+
+The suite is a registry keyed by op name: `register(op, cases, timing)` adds
+an op, `suite(tier)` lists every named case of a tier.  Each case is built
+on demand and never stored, so a run holds one case's tensors at a time.
+SUITE_VERSION changes whenever a case's name, shape or inputs change, which
+invalidates the golden digests on purpose (tests/golden/).
 """
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import torch
 
+from .. import ops
+from ..backends import device_type
+
+SUITE_VERSION = "1"
+TIERS = ("quick", "full")
 ROW_KINDS = ("random", "wide", "equal", "peaked", "masked", "specials")
+ADVERSARIAL_KINDS = ("subnormal", "huge", "tied_max", "signed_zero", "neg_inf")
 
 
 def _wide(rng, shape):
@@ -78,17 +96,19 @@ def make_tokens(x, seed=0):
     return torch.from_numpy(tokens.astype(np.int64))
 
 
+ELEMENTWISE_SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45, 1.17549435e-38,
+                                 3.4028235e38, 88.72283, 88.72284, -103.97207, -103.97208], dtype=np.float32)
+
+
 def make_elementwise(op, n, seed=0):
-    """float32 [n] inputs for exp or log: uniform bit patterns over the interesting range, then specials."""
+    """float32 [15 + n] inputs for exp or log: the specials, then n values uniform over the interesting range
+    (exp) or uniform bit patterns over the positive floats (log)."""
     rng = np.random.default_rng([seed, n, 7])
     if op == "exp":
         body = rng.uniform(-110.0, 95.0, n).astype(np.float32)
     else:
         body = rng.integers(0, 0x7F800000, n, dtype=np.int64).astype(np.uint32).view(np.float32)
-    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45,
-                         1.17549435e-38, 3.4028235e38, 88.72283, 88.72284, -103.97207, -103.97208],
-                        dtype=np.float32)
-    return torch.from_numpy(np.concatenate([specials, body]).astype(np.float32))
+    return torch.from_numpy(np.concatenate([ELEMENTWISE_SPECIALS, body]).astype(np.float32))
 
 
 def make_batch(rows, n, seed=0):
@@ -127,3 +147,250 @@ def make_rl_batch(rows, t, seed=0):
         "ref_logp": logp + rng.standard_normal((rows, t)) * 0.05,
     }
     return {k: torch.from_numpy(v if v.dtype == bool else v.astype(np.float32)) for k, v in out.items()}
+
+
+def make_adversarial(kind, rows, n, seed=0):
+    """x float32 [rows, n] of an adversarial kind:
+    subnormal: magnitudes log-uniform over float32's subnormals up to 1e-37, random signs, 5% zeros;
+    huge: magnitudes within a factor 4 of float32's maximum, random signs (sums overflow, so does x / 0.7);
+    tied_max: row r's maximum repeated at r + 2 positions;
+    signed_zero: by r % 3, all +0.0, all -0.0, a mixture;
+    neg_inf: by r % 4, all -inf, -inf but one finite, -inf but one +inf, half -inf."""
+    rng = np.random.default_rng([seed, rows, n, 100 + ADVERSARIAL_KINDS.index(kind)])
+    sign = np.where(rng.random((rows, n)) < 0.5, -1.0, 1.0)
+    if kind == "subnormal":
+        x = sign * np.exp(rng.uniform(np.log(1.4e-45), np.log(1e-37), (rows, n)))
+        x[rng.random((rows, n)) < 0.05] = 0.0
+    elif kind == "huge":
+        x = sign * rng.uniform(0.85e38, 3.4e38, (rows, n))
+    elif kind == "tied_max":
+        x = rng.standard_normal((rows, n)) * 4.0
+        for r in range(rows):
+            x[r, rng.choice(n, size=min(n, r + 2), replace=False)] = x[r].max() + 1.0
+    elif kind == "signed_zero":
+        x = np.zeros((rows, n))
+        x[1::3] = -0.0
+        x[2::3] = np.where(rng.random((len(x[2::3]), n)) < 0.5, 0.0, -0.0)
+    elif kind == "neg_inf":
+        x = np.full((rows, n), -np.inf)
+        cols = rng.integers(0, n, rows)
+        x[1::4, cols[1::4]] = rng.standard_normal(len(x[1::4]))
+        x[2::4, cols[2::4]] = np.inf
+        x[3::4, : n // 2] = rng.standard_normal((len(x[3::4]), n // 2))
+    else:
+        raise ValueError(f"kind must be one of {ADVERSARIAL_KINDS}; got {kind!r}")
+    return torch.from_numpy(x.astype(np.float32))
+
+
+def make_subnormal_elementwise(op, n, seed=0):
+    """float32 [n] inputs whose results (exp) or inputs (log) are subnormal: exp over [-104, -87],
+    log over every positive subnormal bit pattern."""
+    rng = np.random.default_rng([seed, n, 8])
+    if op == "exp":
+        x = rng.uniform(-104.0, -87.0, n).astype(np.float32)
+    else:
+        x = rng.integers(1, 0x00800000, n, dtype=np.int64).astype(np.uint32).view(np.float32)
+    return torch.from_numpy(x)
+
+
+def make_rl_adversarial(rows, t, seed=0):
+    """make_rl_batch with the edges RL code trips on: row 1 fully masked (an empty response),
+    policy log-ratios up to about +-40 (past PPO's ratio clamp of 20 and verl's KL clamps),
+    and final rewards of magnitude up to 1e6."""
+    rl = make_rl_batch(rows, t, seed)
+    rng = np.random.default_rng([seed, rows, t, 124])
+    rl["mask"][1:2] = False
+    rl["old_logp"] = rl["logp"] + torch.from_numpy((rng.standard_normal((rows, t)) * 12.0).astype(np.float32))
+    rl["ref_logp"] = rl["logp"] + torch.from_numpy((rng.standard_normal((rows, t)) * 15.0).astype(np.float32))
+    rl["rewards"] = rl["rewards"] * torch.from_numpy((10.0 ** rng.uniform(0, 6, (rows, 1))).astype(np.float32))
+    return rl
+
+
+# -- the conformance suite ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """One named case: its op, the smallest tier that holds it (every quick case is in the full tier
+    too), the shapes of its tensor inputs, and how to build those inputs (on the CPU, on demand)."""
+    name: str
+    op: str
+    tier: str
+    shapes: dict
+    build: Callable = field(repr=False, compare=False)     # () -> (args, kwargs) in the op's positional order
+
+    def inputs(self):
+        return self.build()
+
+    def run(self, backend, inputs=None):
+        """The op's output on backend; the inputs (built here unless given) move to the device it takes."""
+        args, kwargs = inputs if inputs is not None else self.build()
+        device = backend_device(backend)
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+        return getattr(ops, self.op)(*args, **kwargs, backend=backend)
+
+
+def backend_device(backend):
+    """The device a backend's inputs go to: `native` is measured on the CPU, the others on their own device."""
+    return "cpu" if backend == "native" else device_type(backend)
+
+
+_REGISTRY = {}      # op -> (cases(seed) -> iterable of Case, timing(tier, seed) -> Case)
+
+
+def register(op, cases, timing):
+    """Add op to the suite.  cases(seed) yields every Case of op, each tagged with its tier, in a
+    fixed order; timing(tier, seed) gives the one case its cost is measured on."""
+    _REGISTRY[op] = (cases, timing)
+
+
+def registered_ops():
+    return tuple(_REGISTRY)
+
+
+def _check_tier(tier):
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}; got {tier!r}")
+
+
+def suite(tier="quick", ops_=None, seed=0):
+    """Every case of the tier, op by op in registry order (or for the ops named)."""
+    _check_tier(tier)
+    unknown = sorted(set(ops_ or ()) - set(_REGISTRY))
+    if unknown:
+        raise ValueError(f"ops must be among {', '.join(_REGISTRY)}; got {', '.join(unknown)}")
+    return [c for op in (ops_ or _REGISTRY) for c in _REGISTRY[op][0](seed) if tier == "full" or c.tier == "quick"]
+
+
+def timing_case(op, tier="quick", seed=0):
+    _check_tier(tier)
+    return _REGISTRY[op][1](tier, seed)
+
+
+# softmax family: rows of logits -------------------------------------------------------
+
+SOFTMAX_OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs")
+ROW_SHAPES = {"quick": ((8, 1000), (4, 32000), (1, 151936)),
+              "full": ((3, 63), (64, 1025), (16, 16385), (8, 32000), (4, 151936))}
+# Every row kind runs on these shapes; the quick tier keeps them small because the cuda backend
+# runs in the Triton interpreter and ascend in a host emulation on a machine without GPU or NPU.
+KIND_SHAPES = {"quick": ((8, 1000),), "full": ROW_SHAPES["full"]}
+ADVERSARIAL_SHAPE = {"quick": (4, 1000), "full": (64, 32000)}
+# Batch x vocab of real RL runs (Llama-2 32000, Llama-3 128256, Qwen2 151936), on random logits.
+VOCAB_SHAPES = {"quick": ((4, 32000), (1, 128256), (1, 151936)), "full": ((256, 32000), (64, 128256), (256, 151936))}
+SOFTMAX_TIMING_SHAPE = {"quick": (16, 32000), "full": (64, 32000)}
+TEMPERATURES = (1.0, 0.7)
+
+
+def _softmax_inputs(op, kind, rows, n, temperature, seed):
+    if kind in ADVERSARIAL_KINDS:
+        x, mask = make_adversarial(kind, rows, n, seed), None
+    else:
+        x, mask = make_logits(kind, rows, n, seed)
+    args = (x, make_tokens(x, seed)) if op == "token_logprobs" else (x, mask)
+    return args, ({} if op == "sum" else {"temperature": temperature})
+
+
+def _softmax_case(op, tier, kind, rows, n, temperature, seed):
+    shapes = {"x": [rows, n]}
+    if op == "token_logprobs":
+        shapes["tokens"] = [rows]
+    elif kind == "masked":
+        shapes["mask"] = [rows, n]
+    name = f"{op}/{kind}/{rows}x{n}" + ("" if temperature == 1.0 else f"/T{temperature:g}")
+    return Case(name, op, tier, shapes, partial(_softmax_inputs, op, kind, rows, n, temperature, seed))
+
+
+def _softmax_cases(op, seed):
+    kinds = [k for k in ROW_KINDS if not (op == "token_logprobs" and k == "masked")]   # it takes no mask
+    temps = (1.0,) if op == "sum" else TEMPERATURES
+    for tier in TIERS:
+        for rows, n in KIND_SHAPES[tier]:
+            for kind in kinds:
+                for temperature in (temps if kind == "random" else (1.0,)):
+                    yield _softmax_case(op, tier, kind, rows, n, temperature, seed)
+        for kind in ADVERSARIAL_KINDS:
+            for temperature in temps:
+                yield _softmax_case(op, tier, kind, *ADVERSARIAL_SHAPE[tier], temperature, seed)
+        for rows, n in VOCAB_SHAPES[tier]:
+            for temperature in temps:
+                yield _softmax_case(op, tier, "random", rows, n, temperature, seed)
+
+
+def _softmax_timing(op, tier, seed):
+    return _softmax_case(op, tier, "random", *SOFTMAX_TIMING_SHAPE[tier], 1.0, seed)
+
+
+# element-wise exp and log ----------------------------------------------------------------
+
+ELEMENTWISE_OPS = ("exp", "log")
+ELEMENTWISE_N = {"quick": 1 << 16, "full": 1 << 22}
+
+
+def _elementwise_case(op, tier, kind, n, seed):
+    make = make_elementwise if kind == "sweep" else make_subnormal_elementwise
+    size = n + len(ELEMENTWISE_SPECIALS) if kind == "sweep" else n
+    return Case(f"{op}/{kind}/{n}", op, tier, {"x": [size]}, lambda: ((make(op, n, seed),), {}))
+
+
+def _elementwise_cases(op, seed):
+    yield _elementwise_case(op, "quick", "sweep", ELEMENTWISE_N["quick"], seed)
+    yield _elementwise_case(op, "quick", "subnormal", 4096, seed)
+    yield _elementwise_case(op, "full", "sweep", ELEMENTWISE_N["full"], seed)
+
+
+def _elementwise_timing(op, tier, seed):
+    return _elementwise_case(op, tier, "sweep", ELEMENTWISE_N[tier], seed)
+
+
+# RL operators on [batch, T] response batches -------------------------------------------
+
+RL_OPS = ("gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss")
+RL_SHAPES = {"quick": ((4, 1000), (2, 8192)), "full": ((64, 512), (256, 4096), (256, 8192))}
+RL_ADVERSARIAL_SHAPE = {"quick": (4, 512), "full": (64, 8192)}
+RL_TIMING_SHAPE = {"quick": (64, 512), "full": (256, 4096)}
+
+# Each op's variants: name -> (positional arguments after the tensors, keyword arguments).
+RL_VARIANTS = {
+    "gae": {"carry-g1-l1": ((1.0, 1.0), {}), "carry-g0.99-l0.95": ((0.99, 0.95), {}),
+            "zero-g0.99-l0.95": ((0.99, 0.95), {"mask_mode": "zero"})},
+    "masked_mean": {"all": ((), {}), "rows": ((), {"dim": -1})},
+    "masked_whiten": {"unbiased": ((), {}), "biased-unshifted": ((), {"unbiased": False, "shift_mean": False})},
+    "kl_penalty": {**{k: ((k,), {}) for k in ops.KL_KINDS},
+                   "low_var_kl": (("k3",), {"log_ratio_clamp": 20.0, "clamp": 10.0})},
+    "ppo_policy_loss": {**{agg: ((), {"agg": agg}) for agg in ops.PPO_AGGS},
+                        "dual-clip3": ((), {"dual_clip": 3.0})},
+}
+RL_TENSORS = {"gae": ("rewards", "values", "mask"), "masked_mean": ("advantages", "mask"),
+              "masked_whiten": ("advantages", "mask"), "kl_penalty": ("logp", "ref_logp"),
+              "ppo_policy_loss": ("logp", "old_logp", "advantages", "mask")}
+
+
+def _rl_inputs(op, variant, kind, rows, t, seed):
+    rl = (make_rl_batch if kind == "padded" else make_rl_adversarial)(rows, t, seed)
+    extra, kwargs = RL_VARIANTS[op][variant]
+    return tuple(rl[name] for name in RL_TENSORS[op]) + extra, dict(kwargs)
+
+
+def _rl_case(op, tier, variant, kind, rows, t, seed):
+    return Case(f"{op}/{variant}/{kind}/{rows}x{t}", op, tier, {name: [rows, t] for name in RL_TENSORS[op]},
+                partial(_rl_inputs, op, variant, kind, rows, t, seed))
+
+
+def _rl_cases(op, seed):
+    for tier in TIERS:
+        for variant in RL_VARIANTS[op]:
+            for rows, t in RL_SHAPES[tier]:
+                yield _rl_case(op, tier, variant, "padded", rows, t, seed)
+            yield _rl_case(op, tier, variant, "adversarial", *RL_ADVERSARIAL_SHAPE[tier], seed)
+
+
+def _rl_timing(op, tier, seed):
+    return _rl_case(op, tier, next(iter(RL_VARIANTS[op])), "padded", *RL_TIMING_SHAPE[tier], seed)
+
+
+for _op in SOFTMAX_OPS:
+    register(_op, partial(_softmax_cases, _op), partial(_softmax_timing, _op))
+for _op in ELEMENTWISE_OPS:
+    register(_op, partial(_elementwise_cases, _op), partial(_elementwise_timing, _op))
+for _op in RL_OPS:
+    register(_op, partial(_rl_cases, _op), partial(_rl_timing, _op))

@@ -1,52 +1,183 @@
-"""Turn compare results into a table for people and JSON for machines."""
+"""The run document `bitparity compare` writes (docs/report-schema.md), and its renderings:
+a table for people, JSON for machines, Markdown with plots for reports."""
 
+import datetime
+import glob
+import importlib.metadata
 import json
+import os
 import platform
+import subprocess
 
+import numpy as np
 import torch
 from tabulate import tabulate
 
 from ..backends import backends
 from ..spec import SPEC_VERSION
-from .run import LOG_SPACE
+from . import cases
+from .run import LOG_SPACE, ULP_BIN_LABELS
 
+SCHEMA = "bitparity-run"
+SCHEMA_VERSION = 1
 HEADERS = ("op", "backend", "exact %", "max ulp vs f64", "logdiff", "median ms", "x native")
 
 
+# -- numbers: the document is strict JSON, so inf is the string "inf" and NaN (not measured) is null --
+
+def _num(v):
+    v = float(v)
+    return None if v != v else ("inf" if v == float("inf") else v)
+
+
+def _value(v):
+    return float("nan") if v is None else float(v)
+
+
 def _fmt(v, spec):
+    v = _value(v)
     return "-" if v != v else format(v, spec)
 
 
-def table(results):
-    rows = []
-    for r in results:
-        rows.append((r.op, r.backend, _fmt(r.exact_percent, ".2f"), _fmt(r.max_ulp, ".3g"),
-                     _fmt(r.logdiff, ".3g") if r.op in LOG_SPACE else "", _fmt(r.median_ms, ".3g"),
-                     _fmt(r.ratio_to_native, ".3g")))
-    return tabulate(rows, headers=HEADERS, tablefmt="github")
+# -- where the run happened ------------------------------------------------------------
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-def backends_table():
-    return tabulate([(b["name"], "yes" if b["available"] else "no", b["device"], b["reason"])
-                     for b in backends()], headers=("backend", "available", "device", "how / why not"),
-                    tablefmt="github")
+def packages():
+    return {"bitparity": _version("bitparity"), "torch": torch.__version__, "numpy": np.__version__,
+            "triton": _version("triton"), "torch_npu": _version("torch_npu")}
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+def _cann_version():
+    """The CANN toolkit version from its install record, looked for where CANN's set-up script points."""
+    roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
+    for root in [r for r in roots if r] + ["/usr/local/Ascend/ascend-toolkit/latest"]:
+        for info in sorted(glob.glob(os.path.join(root, "*", "ascend_toolkit_install.info"))):
+            with open(info) as f:
+                for line in f:
+                    if line.startswith("version="):
+                        return line.split("=", 1)[1].strip()
+    return None
+
+
+def device():
+    npu = getattr(torch, "npu", None)
+    has_npu = npu is not None and npu.is_available()
+    return {"cpu": cpu_name(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "npu": npu.get_device_name(0) if has_npu else None,
+            "cuda_runtime": torch.version.cuda,
+            "cuda_driver": _nvidia_driver() if torch.cuda.is_available() else None,
+            "cann": _cann_version()}
 
 
 def machine():
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "processor": platform.processor() or platform.machine(), "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
-def to_json(results, suite):
-    return json.dumps({
-        "spec_version": SPEC_VERSION,
-        "suite": suite,
-        "machine": machine(),
-        "backends": backends(),
+# -- the document ------------------------------------------------------------------------
+
+def document(run, command=None):
+    """The self-describing JSON document of a compare.Run (docs/report-schema.md)."""
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "spec_version": SPEC_VERSION, "suite_version": cases.SUITE_VERSION, "tier": run.tier, "seed": run.seed,
+        "packages": packages(), "machine": machine(), "device": device(),
+        "backend_info": backends(),
+        "backends": list(run.backends),
+        "ulp_bins": list(ULP_BIN_LABELS),
+        "cases": run.cases,
         "results": [{"op": r.op, "backend": r.backend, "elements": r.elements, "identical": r.identical,
-                     "exact_percent": r.exact_percent, "max_ulp": r.max_ulp,
-                     "logdiff": r.logdiff if r.op in LOG_SPACE else None,
-                     "median_ms": r.median_ms, "ratio_to_native": r.ratio_to_native} for r in results],
-    }, indent=2, allow_nan=True)
+                     "exact_percent": _num(r.exact_percent), "max_ulp": _num(r.max_ulp),
+                     "logdiff": _num(r.logdiff) if r.op in LOG_SPACE else None,
+                     "median_ms": _num(r.median_ms), "ratio_to_native": _num(r.ratio_to_native),
+                     "ulp_histogram": [int(c) for c in r.ulp_counts]} for r in run.results],
+    }
+
+
+def to_json(doc):
+    return json.dumps(doc, indent=1, allow_nan=False)
+
+
+# -- renderings ---------------------------------------------------------------------------
+
+def _rows(doc):
+    return [(r["op"], r["backend"], _fmt(r["exact_percent"], ".2f"), _fmt(r["max_ulp"], ".3g"),
+             _fmt(r["logdiff"], ".3g") if r["op"] in LOG_SPACE else "", _fmt(r["median_ms"], ".3g"),
+             _fmt(r["ratio_to_native"], ".3g")) for r in doc["results"]]
+
+
+def table(doc):
+    return tabulate(_rows(doc), headers=HEADERS, tablefmt="github")
+
+
+def backends_table(rows=None):
+    return tabulate([(b["name"], "yes" if b["available"] else "no", b["device"], b["reason"])
+                     for b in rows or backends()], headers=("backend", "available", "device", "how / why not"),
+                    tablefmt="github")
+
+
+def where(doc):
+    d, p = doc["device"], doc["packages"]
+    accel = ", ".join(f"{k} {v}" for k, v in d.items() if k != "cpu" and v) or "no GPU or NPU"
+    pkgs = ", ".join(f"{k} {v}" for k, v in p.items() if v)
+    return f"{d['cpu']} ({doc['machine']['cpu_count']} cores); {accel}; {pkgs}"
+
+
+def header(doc):
+    return (f"bitparity {doc['spec_version']}: suite {doc['suite_version']}, {doc['tier']} tier, "
+            f"{len(doc['cases'])} cases, seed {doc['seed']}; canonical = the `numpy` backend (the spec executed)\n"
+            f"machine: {where(doc)}")
+
+
+def markdown(doc, plots=None):
+    """A Markdown report; plots maps a plot's kind to the image path to link (relative to the report)."""
+    plots = plots or {}
+    lines = ["# bitparity compare report", "",
+             f"Spec {doc['spec_version']}, suite {doc['suite_version']} ({doc['tier']} tier, {len(doc['cases'])} "
+             f"cases, seed {doc['seed']}), run {doc['created']}" +
+             (f" by `{doc['command']}`." if doc["command"] else "."), "",
+             f"Machine: {where(doc)}.", "",
+             "## Backends", "", backends_table(doc["backend_info"]), "",
+             "## Agreement, accuracy and cost", "",
+             "`exact %`: share of result elements whose bits equal the canonical (`numpy`) result. "
+             "`max ulp vs f64`: worst error against the float64 meaning in the op's measure (spec section 10). "
+             "`logdiff`: largest |Δ log-prob| against the canonical result. `x native`: median time over torch's "
+             "own op on the same device; `cuda` and `ascend` times on a machine without GPU or NPU are the "
+             "Triton interpreter and the host emulation, which say nothing about GPU or NPU speed.", "",
+             table(doc), ""]
+    captions = {"agreement": "Agreement: exact % per backend and op",
+                "ulp": "Errors against float64, in ulps, per op and backend",
+                "cost": "Cost: median time relative to torch on the same device"}
+    for kind, caption in captions.items():
+        if kind in plots:
+            lines += [f"### {caption}", "", f"![{caption}]({plots[kind]})", ""]
+    return "\n".join(lines)

@@ -1,44 +1,35 @@
-"""Run every op on the case suite on every available backend and measure agreement, accuracy and cost.
+"""Run every op on the conformance suite on every available backend and measure agreement, accuracy and cost.
 
 For each op x backend it reports:
 - exact: % of result elements whose bits equal the canonical result (the `numpy` backend, the spec executed);
-- max ulp: the worst error against the float64 meaning, in the op's ulp measure (docs/spec.md, section 10);
+- max ulp: the worst error against the float64 meaning, in the op's ulp measure (docs/spec.md, section 10),
+  and a histogram of those errors;
 - logdiff: max |logp - logp_canonical| for ops in log space, the train/inference quantity;
-- time: median wall time of the op on the timing case, and its ratio to `native` on the same device.
+- time: median wall time of the op on the op's timing case, and its ratio to `native` on the same device.
+For each case it records every backend's output digest (golden.digest), the unit `bitparity diff` compares.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .. import ops
-from ..backends import availability, device_type
+from ..backends import availability
 from ..reference import float64
-from . import cases, metrics
+from . import cases, golden, metrics
+from .cases import ELEMENTWISE_OPS, RL_OPS, ROW_SHAPES, SOFTMAX_OPS  # noqa: F401 - ROW_SHAPES is used by tests
+from .cli_common import Progress
 
-SOFTMAX_OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs")
-ELEMENTWISE_OPS = ("exp", "log")
-RL_OPS = ("gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss")
 OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS
 LOG_SPACE = ("logsumexp", "log_softmax", "token_logprobs")
+DEFAULT_BACKENDS = ("numpy", "cpu", "cuda", "ascend", "native")
 
-ROW_SHAPES = {"quick": ((8, 1000), (4, 32000), (1, 151936)),
-              "full": ((3, 63), (64, 1025), (16, 16385), (8, 32000), (4, 151936))}
-TIMING_SHAPE = {"quick": (16, 32000), "full": (64, 32000)}
-ELEMENTWISE_N = {"quick": 1 << 16, "full": 1 << 20}
-RL_SHAPES = {"quick": ((4, 1000), (2, 8192)), "full": ((64, 512), (8, 8192))}
-RL_TIMING_SHAPE = {"quick": (64, 512), "full": (256, 4096)}
-TEMPERATURES = (1.0, 0.7)
-
-
-@dataclass
-class Case:
-    args: tuple                 # tensors and scalars, in the op's positional order
-    kwargs: dict                # keyword arguments other than backend
-    reference: np.ndarray       # float64 meaning, flattened
-    floor: np.ndarray = None    # ulp floor per element (broadcast to reference), or None for plain ulps
+# Upper edges of the ulp-error histogram bins after the exact-zero bin; then (1024, inf) and inf.
+ULP_EDGES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 1024.0)
+ULP_BIN_LABELS = ("0", "<=1/8", "<=1/4", "<=1/2", "<=1", "<=2", "<=4", "<=8", "<=16", "<=64", "<=1024",
+                  ">1024", "inf")
 
 
 @dataclass
@@ -51,10 +42,28 @@ class Result:
     logdiff: float = 0.0
     median_ms: float = float("nan")
     ratio_to_native: float = float("nan")
+    ulp_counts: np.ndarray = field(default_factory=lambda: np.zeros(len(ULP_BIN_LABELS), dtype=np.int64))
 
     @property
     def exact_percent(self):
         return 100.0 * self.identical / self.elements if self.elements else float("nan")
+
+
+@dataclass
+class Run:
+    tier: str
+    seed: int
+    backends: list      # names, numpy first
+    results: list       # Result per (op, backend), op by op
+    cases: list         # {"name", "op", "shapes", "digests": {backend: hex}} per case, in suite order
+
+
+def ulp_histogram(err):
+    """Counts of err per ULP_BIN_LABELS bin: exactly 0, (edge_{k-1}, edge_k], beyond the last edge, inf."""
+    err = np.asarray(err).reshape(-1)
+    finite = err[np.isfinite(err) & (err > 0)]
+    inner = np.bincount(np.searchsorted(ULP_EDGES, finite, side="left"), minlength=len(ULP_EDGES) + 1)
+    return np.concatenate([[np.count_nonzero(err == 0)], inner, [np.count_nonzero(np.isinf(err))]])
 
 
 def _flat64(out):
@@ -88,93 +97,67 @@ def ulp_floor(op, x, mask, scale, ref):
     return None
 
 
-# -- case suites: one generator per op family ------------------------------------
+# -- float64 references: (args, kwargs) of a case -> (meaning flattened, ulp floor or None) --------
 
-def _softmax_cases(op, suite, seed, shapes=None):
-    for shape in shapes or ROW_SHAPES[suite]:
-        for kind in cases.ROW_KINDS:
-            if op == "token_logprobs" and kind == "masked":
-                continue
-            for temperature in ((None,) if op == "sum" else (TEMPERATURES if kind == "random" else (1.0,))):
-                x, mask = cases.make_logits(kind, *shape, seed)
-                xn, mn = x.numpy(), None if mask is None else mask.numpy()
-                if op == "sum":
-                    ref = float64.sum(xn, mn)
-                    yield Case((x, mask), {}, ref, ulp_floor(op, x, mask, 1.0, ref).reshape(-1))
-                    continue
-                scale = ops.inverse_temperature(temperature)
-                if op == "token_logprobs":
-                    tokens = cases.make_tokens(x, seed)
-                    ref = float64.token_logprobs(xn, tokens.numpy(), scale)
-                    yield Case((x, tokens), {"temperature": temperature}, ref,
-                               ulp_floor(op, x, None, scale, ref))
-                    continue
-                ref = getattr(float64, op)(xn, mn, scale)
-                floor = ulp_floor(op, x, mask, scale, ref)
-                floor = None if floor is None else np.broadcast_to(floor, ref.shape).reshape(-1)
-                yield Case((x, mask), {"temperature": temperature}, ref.reshape(-1), floor)
+def _softmax_reference(op, args, kwargs):
+    x, second = args
+    xn = x.numpy()
+    if op == "sum":
+        mn = None if second is None else second.numpy()
+        ref = float64.sum(xn, mn)
+        return ref, ulp_floor(op, x, second, 1.0, ref).reshape(-1)
+    scale = ops.inverse_temperature(kwargs["temperature"])
+    if op == "token_logprobs":
+        ref = float64.token_logprobs(xn, second.numpy(), scale)
+        return ref, ulp_floor(op, x, None, scale, ref)
+    mask = second
+    ref = getattr(float64, op)(xn, None if mask is None else mask.numpy(), scale)
+    floor = ulp_floor(op, x, mask, scale, ref)
+    return ref.reshape(-1), None if floor is None else np.broadcast_to(floor, ref.shape).reshape(-1)
 
 
-def _elementwise_cases(op, suite, seed, n=None):
-    x = cases.make_elementwise(op, n or ELEMENTWISE_N[suite], seed)
-    yield Case((x,), {}, getattr(float64, op)(x.numpy()))
+def _elementwise_reference(op, args, kwargs):
+    return getattr(float64, op)(args[0].numpy()), None
 
 
-def _rl_cases(op, suite, seed, shapes=None):
-    for b, t in shapes or RL_SHAPES[suite]:
-        rl = cases.make_rl_batch(b, t, seed)
-        n = {k: v.numpy() for k, v in rl.items()}
-        if op == "gae":
-            for gamma, lam in ((1.0, 1.0), (0.99, 0.95)):
-                g32 = np.float32(gamma)
-                ref = float64.gae(n["rewards"], n["values"], n["mask"], np.zeros(b), float(g32),
-                                  float(g32) * float(np.float32(lam)), "carry")
-                yield Case((rl["rewards"], rl["values"], rl["mask"], gamma, lam), {}, _flat64(ref),
-                           np.full(2 * b * t, np.abs(_flat64(ref)).max()))
-        elif op == "masked_mean":
-            yield Case((rl["advantages"], rl["mask"]), {}, float64.masked_mean(n["advantages"].reshape(1, -1),
-                                                                               n["mask"].reshape(1, -1)))
-        elif op == "masked_whiten":
-            ref = float64.masked_whiten(n["advantages"].reshape(1, -1), n["mask"].reshape(1, -1), True, True, 1e-8)
-            yield Case((rl["advantages"], rl["mask"]), {}, ref.reshape(-1), np.full(ref.size, 1.0))
-        elif op == "kl_penalty":
-            for kind in ("k1", "k2", "k3", "abs"):
-                yield Case((rl["logp"], rl["ref_logp"], kind), {},
-                           float64.kl_penalty(n["logp"], n["ref_logp"], kind, None, None).reshape(-1))
-        else:
-            for agg in ops.PPO_AGGS:
-                ref = float64.ppo_policy_loss(n["logp"], n["old_logp"], n["advantages"], n["mask"],
-                                              float(np.float32(1) - np.float32(0.2)),
-                                              float(np.float32(1) + np.float32(0.2)), None, 20.0, agg)
-                yield Case((rl["logp"], rl["old_logp"], rl["advantages"], rl["mask"]), {"agg": agg}, _flat64(ref))
+def _rl_reference(op, args, kwargs):
+    n = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
+    if op == "gae":
+        rewards, values, mask, gamma, lam = n
+        g32 = np.float32(gamma)
+        ref = _flat64(float64.gae(rewards, values, mask, np.zeros(rewards.shape[0]), float(g32),
+                                  float(g32) * float(np.float32(lam)), kwargs.get("mask_mode", "carry")))
+        return ref, np.full(ref.size, np.abs(ref).max())
+    if op == "masked_mean":
+        x, mask = n
+        rows = (x, mask) if kwargs.get("dim") is not None else (x.reshape(1, -1), mask.reshape(1, -1))
+        return float64.masked_mean(*rows), None
+    if op == "masked_whiten":
+        x, mask = n
+        ref = float64.masked_whiten(x.reshape(1, -1), mask.reshape(1, -1), kwargs.get("shift_mean", True),
+                                    kwargs.get("unbiased", True), 1e-8).reshape(-1)
+        return ref, np.full(ref.size, 1.0)
+    if op == "kl_penalty":
+        logp, ref_logp, kind = n
+        return float64.kl_penalty(logp, ref_logp, kind, kwargs.get("clamp"), kwargs.get("log_ratio_clamp")).reshape(-1), None
+    logp, old_logp, advantages, mask = n
+    one, clip = np.float32(1), np.float32(0.2)
+    return _flat64(float64.ppo_policy_loss(logp, old_logp, advantages, mask, float(one - clip), float(one + clip),
+                                           kwargs.get("dual_clip"), 20.0, kwargs.get("agg", "token-mean"))), None
 
 
-def case_list(op, suite, seed=0):
-    if op in SOFTMAX_OPS:
-        return list(_softmax_cases(op, suite, seed))
-    if op in ELEMENTWISE_OPS:
-        return list(_elementwise_cases(op, suite, seed))
-    return list(_rl_cases(op, suite, seed))
+REFERENCES = {**{op: _softmax_reference for op in SOFTMAX_OPS},
+              **{op: _elementwise_reference for op in ELEMENTWISE_OPS},
+              **{op: _rl_reference for op in RL_OPS}}
 
 
-def timing_case(op, suite, seed=0):
-    if op in SOFTMAX_OPS:
-        return next(_softmax_cases(op, suite, seed, shapes=(TIMING_SHAPE[suite],)))
-    if op in ELEMENTWISE_OPS:
-        return next(_elementwise_cases(op, suite, seed, n=ELEMENTWISE_N[suite]))
-    return next(_rl_cases(op, suite, seed, shapes=(RL_TIMING_SHAPE[suite],)))
+def reference(op, args, kwargs):
+    """(float64 meaning flattened, ulp floor or None) of a case's inputs; (None, None) for an op without one."""
+    fn = REFERENCES.get(op)
+    return fn(op, args, kwargs) if fn else (None, None)
 
 
 # -- running ----------------------------------------------------------------------
-
-def _device(backend):
-    return "cpu" if backend == "native" else device_type(backend)
-
-
-def _call(op, backend, case, device="cpu"):
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.args)
-    return getattr(ops, op)(*args, **case.kwargs, backend=backend)
-
 
 def _time(fn, budget_s=0.5, max_runs=7):
     fn()                                    # warm-up: builds, caches, first-call costs
@@ -187,35 +170,57 @@ def _time(fn, budget_s=0.5, max_runs=7):
     return 1000.0 * float(np.median(times))
 
 
-def compare(backends=None, ops_=OPS, suite="quick", seed=0, progress=None):
-    """Run the suite; returns a list of Result, one per (op, backend)."""
-    names = [b for b in (backends or ("numpy", "cpu", "cuda", "ascend", "native")) if availability(b)[0]]
+def _measure(r, got, canonical, ref, floor):
+    r.elements += got.numel()
+    r.identical += int((metrics.canonical_bits(got) == metrics.canonical_bits(canonical)).sum())
+    if ref is None:
+        r.max_ulp = float("nan")
+    else:
+        err = metrics.ulp_error(got.double().numpy(), ref, floor)
+        r.max_ulp = max(r.max_ulp, metrics.max_or_zero(err))
+        r.ulp_counts += ulp_histogram(err)
+    if r.op in LOG_SPACE:
+        r.logdiff = max(r.logdiff, metrics.logdiff(got, canonical))
+
+
+def _time_op(op, names, tier, seed, per_backend):
+    timing = cases.timing_case(op, tier, seed)
+    inputs = timing.inputs()
+    native_ms = {}
+    for b in names:
+        dev = cases.backend_device(b)
+        if dev not in native_ms:                 # native on the same device is the yardstick
+            native_inputs = (tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in inputs[0]), inputs[1])
+            native_ms[dev] = _time(lambda: getattr(ops, op)(*native_inputs[0], **native_inputs[1], backend="native"))
+        per_backend[b].median_ms = native_ms[dev] if b == "native" else _time(lambda: timing.run(b, inputs))
+        per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
+
+
+def compare(backends=None, ops_=OPS, tier="quick", seed=0, progress=True):
+    """Run the tier's cases of ops_ on the backends available here (numpy always): a Run.
+
+    Cases are built, run and measured one at a time, so memory holds one case's tensors."""
+    names = [b for b in (backends or DEFAULT_BACKENDS) if availability(b)[0]]
     if "numpy" not in names:
         names.insert(0, "numpy")
-    results = []
-    for op in ops_:
-        per_backend = {b: Result(op, b) for b in names}
-        for case in case_list(op, suite, seed):
-            canonical = _flat_tensor(_call(op, "numpy", case))
+    per_backend = {(op, b): Result(op, b) for op in ops_ for b in names}
+    records = []
+    suite = cases.suite(tier, ops_, seed)
+    with Progress(len(suite), f"compare {tier}", enabled=progress) as bar:
+        for case in suite:
+            inputs = case.inputs()
+            with np.errstate(all="ignore"):         # adversarial cases overflow in float64 on purpose
+                ref, floor = reference(case.op, *inputs)
+            canonical_out = case.run("numpy", inputs)
+            canonical = _flat_tensor(canonical_out)
+            digests = {"numpy": golden.digest(canonical_out)}
             for b in names:
-                got = canonical if b == "numpy" else _flat_tensor(_call(op, b, case, _device(b)))
-                r = per_backend[b]
-                r.elements += got.numel()
-                r.identical += int((metrics.canonical_bits(got) == metrics.canonical_bits(canonical)).sum())
-                err = metrics.ulp_error(got.double().numpy(), case.reference, case.floor)
-                r.max_ulp = max(r.max_ulp, metrics.max_or_zero(err))
-                if op in LOG_SPACE:
-                    r.logdiff = max(r.logdiff, metrics.logdiff(got, canonical))
-            if progress:
-                progress(f"{op}: case done")
-        timing = timing_case(op, suite, seed)
-        native_ms = {}
-        for b in names:
-            dev = _device(b)
-            if dev not in native_ms:                 # native on the same device is the yardstick
-                native_ms[dev] = _time(lambda: _call(op, "native", timing, dev))
-            per_backend[b].median_ms = (native_ms[dev] if b == "native"
-                                        else _time(lambda: _call(op, b, timing, dev)))
-            per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
-        results.extend(per_backend.values())
-    return results
+                out = canonical_out if b == "numpy" else case.run(b, inputs)
+                digests[b] = golden.digest(out)
+                with np.errstate(all="ignore"):
+                    _measure(per_backend[(case.op, b)], _flat_tensor(out), canonical, ref, floor)
+            records.append({"name": case.name, "op": case.op, "shapes": case.shapes, "digests": digests})
+            bar.step(case.name)
+    for op in ops_:
+        _time_op(op, names, tier, seed, {b: per_backend[(op, b)] for b in names})
+    return Run(tier, seed, names, list(per_backend.values()), records)

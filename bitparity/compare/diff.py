@@ -1,0 +1,63 @@
+"""Compare two run documents case by case: where two machines' digests agree and where they differ.
+
+Backends are paired by name (cpu with cpu, native with native, ...), and each canonical backend
+found in only one run is paired with each found in only the other (cuda on one machine with
+ascend on the other).  Canonical backends must agree everywhere; `native` (torch's own ops) is
+reported but is not expected to.
+"""
+
+from tabulate import tabulate
+
+NATIVE = "native"
+COMPARABLE = ("spec_version", "suite_version", "seed")
+
+
+def incomparable(a, b):
+    """Why a and b's digests cannot be compared (different spec, suite or seed), or None."""
+    diffs = [f"{k} {a[k]} vs {b[k]}" for k in COMPARABLE if a[k] != b[k]]
+    return "runs differ in " + ", ".join(diffs) if diffs else None
+
+
+def pairs(a, b):
+    """(backend in a, backend in b) pairs to compare, same names first."""
+    same = [(n, n) for n in a["backends"] if n in b["backends"]]
+    only_a = [n for n in a["backends"] if n not in b["backends"] and n != NATIVE]
+    only_b = [n for n in b["backends"] if n not in a["backends"] and n != NATIVE]
+    return same + [(x, y) for x in only_a for y in only_b]
+
+
+def diff(a, b):
+    """{"pairs": [per pair counts], "different": [per differing case and pair], "cases": common case count}."""
+    cases_a = {c["name"]: c for c in a["cases"]}
+    common = [c for c in b["cases"] if c["name"] in cases_a]
+    rows, different = [], []
+    for x, y in pairs(a, b):
+        equal = 0
+        for case in common:
+            da, db = cases_a[case["name"]]["digests"][x], case["digests"][y]
+            if da == db:
+                equal += 1
+            else:
+                different.append({"case": case["name"], "a": x, "b": y, "digest_a": da, "digest_b": db,
+                                  "canonical": NATIVE not in (x, y)})
+        rows.append({"a": x, "b": y, "cases": len(common), "equal": equal, "different": len(common) - equal,
+                     "canonical": NATIVE not in (x, y)})
+    return {"cases": len(common), "only_a": len(a["cases"]) - len(common),
+            "only_b": len(b["cases"]) - len(common), "pairs": rows, "different": different}
+
+
+def failed(result):
+    """True if a canonical pair differs on some common case."""
+    return any(r["canonical"] and r["different"] for r in result["pairs"])
+
+
+def table(result, tablefmt="github"):
+    pair_rows = [(f"{r['a']} = {r['b']}", r["cases"], r["equal"], r["different"],
+                  "" if r["canonical"] else "native: not canonical, differences expected") for r in result["pairs"]]
+    out = [tabulate(pair_rows, headers=("a = b", "cases", "equal", "different", "note"), tablefmt=tablefmt)]
+    canonical = [d for d in result["different"] if d["canonical"]]
+    if canonical:
+        out += ["", "canonical cases that differ:", "",
+                tabulate([(d["case"], f"{d['a']} = {d['b']}", d["digest_a"][:16], d["digest_b"][:16])
+                          for d in canonical], headers=("case", "a = b", "digest a", "digest b"), tablefmt=tablefmt)]
+    return "\n".join(out)

@@ -1,0 +1,155 @@
+"""Golden digests: one SHA-256 per suite case, so a platform is checked without moving tensors.
+
+A case's digest is the SHA-256 of its output's canonical bytes: a float32
+result as little-endian int32 after every NaN becomes 0x7FC00000
+(metrics.canonical_bits), an integer result as its little-endian bytes, the
+parts of a tuple concatenated in order.  The committed file
+tests/golden/spec-v<SPEC_VERSION>.json is written by the `cpu` backend
+(equal bit for bit to the `numpy` backend, the spec executed):
+
+    python -m bitparity.compare.golden --write [--quick]
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ..backends import availability
+from ..spec import SPEC_VERSION
+from . import cases, metrics
+from .cli_common import Progress
+
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden"
+WRITER = "cpu"
+
+
+def default_path():
+    return GOLDEN_DIR / f"spec-v{SPEC_VERSION}.json"
+
+
+def _parts(output):
+    return output if isinstance(output, tuple) else (output,)
+
+
+def canonical_bytes(output):
+    """The bytes a digest is taken of (module docstring)."""
+    chunks = []
+    for part in _parts(output):
+        if part.is_floating_point():
+            if part.dtype != torch.float32:
+                raise TypeError(f"a digested float result must be float32; got {part.dtype}")
+            chunks.append(metrics.canonical_bits(part).numpy().astype("<i4").tobytes())
+        else:
+            a = part.detach().cpu().numpy()
+            chunks.append(a.astype(a.dtype.newbyteorder("<")).tobytes())
+    return b"".join(chunks)
+
+
+def digest(output):
+    """Hex SHA-256 of an op's output (a tensor or a tuple of tensors)."""
+    return hashlib.sha256(canonical_bytes(output)).hexdigest()
+
+
+def compute(tier, backend=WRITER, progress=True):
+    """The golden document of a tier, computed on backend case by case."""
+    suite = cases.suite(tier)
+    rows = []
+    with Progress(len(suite), f"golden {tier} on {backend}", enabled=progress) as bar:
+        for case in suite:
+            rows.append({"name": case.name, "op": case.op, "tier": case.tier, "shapes": case.shapes,
+                         "digest": digest(case.run(backend))})
+            bar.step(case.name)
+    return {"spec_version": SPEC_VERSION, "suite_version": cases.SUITE_VERSION, "tier": tier,
+            "writer": backend, "cases": rows}
+
+
+def dumps(doc):
+    """The golden document as JSON with one case per line, so a regenerated file diffs case by case."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "cases"}, indent=1)[:-2]
+    rows = ",\n".join("  " + json.dumps(c) for c in doc["cases"])
+    return f'{head},\n "cases": [\n{rows}\n ]\n}}\n'
+
+
+def load(path=None):
+    """The golden document at path (default: tests/golden/spec-v<SPEC_VERSION>.json)."""
+    path = Path(path) if path is not None else default_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"no golden digests at {path}: run `python -m bitparity.compare.golden --write`, "
+                                f"or pass the file's path")
+    return json.loads(path.read_text())
+
+
+def _max_ulp_and_first_diff(got, want):
+    """Against the local canonical output: the worst ulp distance of the float parts (None if
+    there are none) and the first flat index whose bits differ (None if none does)."""
+    g = [p.detach().cpu() for p in _parts(got)]
+    w = [p.detach().cpu() for p in _parts(want)]
+    max_ulp, first, offset = None, None, 0
+    for gp, wp in zip(g, w):
+        gp, wp = gp.reshape(-1), wp.reshape(-1)
+        if gp.is_floating_point():
+            err = metrics.ulp_error(gp.double().numpy(), wp.double().numpy())
+            max_ulp = max(max_ulp or 0.0, metrics.max_or_zero(err))
+            differ = metrics.canonical_bits(gp) != metrics.canonical_bits(wp)
+        else:
+            differ = gp != wp
+        idx = torch.nonzero(differ)
+        if first is None and idx.numel():
+            first = offset + int(idx[0])
+        offset += gp.numel()
+    return max_ulp, first
+
+
+def verify(backend, tier="quick", golden=None, progress=True):
+    """Run the tier on backend and check each case against the golden digests.
+
+    Returns one dict per case: name, op, match, and for a mismatch max_ulp and first_diff against
+    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build).
+    """
+    golden = golden if golden is not None else load()
+    if golden["spec_version"] != SPEC_VERSION or golden["suite_version"] != cases.SUITE_VERSION:
+        raise ValueError(f"the golden file is for spec {golden['spec_version']}, suite {golden['suite_version']}; "
+                         f"this is spec {SPEC_VERSION}, suite {cases.SUITE_VERSION}")
+    want = {row["name"]: row["digest"] for row in golden["cases"]}
+    suite = cases.suite(tier)
+    missing = [c.name for c in suite if c.name not in want]
+    if missing:
+        raise ValueError(f"the golden file has no digests for {len(missing)} {tier} case(s), e.g. {missing[0]}: "
+                         f"it was written for the {golden['tier']} tier")
+    local = WRITER if availability(WRITER)[0] else "numpy"
+    results = []
+    with Progress(len(suite), f"verify {tier} on {backend}", enabled=progress) as bar:
+        for case in suite:
+            inputs = case.inputs()
+            out = case.run(backend, inputs)
+            row = {"name": case.name, "op": case.op, "match": digest(out) == want[case.name],
+                   "max_ulp": None, "first_diff": None}
+            if not row["match"]:
+                row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
+            results.append(row)
+            bar.step(case.name)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bitparity.compare.golden", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", required=True, help="recompute and write the golden file")
+    parser.add_argument("--quick", action="store_true", help="the quick tier only (default: the full tier, "
+                                                             "which holds the quick cases too)")
+    parser.add_argument("--out", help="where to write (default: tests/golden/spec-v<SPEC_VERSION>.json)")
+    args = parser.parse_args(argv)
+    doc = compute("quick" if args.quick else "full")
+    path = Path(args.out) if args.out else default_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(doc))
+    print(f"wrote {len(doc['cases'])} digests to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

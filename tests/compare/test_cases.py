@@ -1,0 +1,85 @@
+"""The conformance suite: named, deterministic, tiered, built lazily, and open to new ops."""
+
+import numpy as np
+import pytest
+import torch
+
+from bitparity.compare import cases, golden
+from bitparity.compare.run import OPS
+
+
+def test_every_op_is_in_the_suite_with_unique_names():
+    quick, full = cases.suite("quick"), cases.suite("full")
+    assert set(cases.registered_ops()) == set(OPS) == {c.op for c in quick}
+    assert len({c.name for c in full}) == len(full)
+    assert [c.name for c in quick] == [c.name for c in full if c.tier == "quick"]      # quick is a subset, in order
+    assert all(c.name.startswith(c.op + "/") for c in full)
+
+
+def test_full_tier_has_rl_workload_shapes():
+    shapes = {tuple(c.shapes["x"]) for c in cases.suite("full", ["log_softmax"])}
+    assert {(256, 32000), (64, 128256), (256, 151936)} <= shapes
+    rl = {tuple(c.shapes["logp"]) for c in cases.suite("full", ["ppo_policy_loss"])}
+    assert (256, 8192) in rl and max(t for _, t in rl) == 8192
+
+
+def test_cases_rebuild_to_the_same_inputs_and_shapes():
+    for case in cases.suite("quick", ["token_logprobs", "gae", "exp"]):
+        (args1, kw1), (args2, kw2) = case.inputs(), case.inputs()
+        assert kw1 == kw2
+        tensors = [a for a in args1 if isinstance(a, torch.Tensor)]
+        assert [list(t.shape) for t in tensors] == list(case.shapes.values())
+        for a, b in zip(args1, args2):
+            assert (golden.digest(a) == golden.digest(b)) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_seed_changes_the_inputs_not_the_names():
+    a, b = cases.suite("quick", ["sum"], seed=0), cases.suite("quick", ["sum"], seed=1)
+    assert [c.name for c in a] == [c.name for c in b]
+    assert golden.digest(a[0].inputs()[0][0]) != golden.digest(b[0].inputs()[0][0])
+
+
+def test_adversarial_kinds_hold_what_they_claim():
+    bits = lambda x: x.view(torch.int32)  # noqa: E731
+    sub = cases.make_adversarial("subnormal", 4, 1000)
+    mag = sub.abs()
+    assert ((mag > 0) & (mag < torch.finfo(torch.float32).tiny)).float().mean() > 0.5
+    assert cases.make_adversarial("huge", 2, 100).abs().min() > 0.85e38
+    tied = cases.make_adversarial("tied_max", 3, 100)
+    assert [(row == row.max()).sum().item() for row in tied] == [2, 3, 4]
+    zeros = cases.make_adversarial("signed_zero", 3, 50)
+    assert (zeros == 0).all() and (bits(zeros[0]) == 0).all() and (bits(zeros[1]) != 0).all()
+    assert 0 < (bits(zeros[2]) != 0).sum() < 50
+    ninf = cases.make_adversarial("neg_inf", 4, 10)
+    assert torch.isneginf(ninf[0]).all() and torch.isfinite(ninf[1]).sum() == 1
+    assert torch.isposinf(ninf[2]).sum() == 1 and torch.isfinite(ninf[3]).sum() == 5
+    rl = cases.make_rl_adversarial(4, 64)
+    assert not rl["mask"][1].any() and (rl["logp"] - rl["old_logp"]).abs().max() > 20
+
+
+def test_elementwise_subnormal_cases():
+    x = cases.make_subnormal_elementwise("log", 1000)
+    assert ((x > 0) & (x < torch.finfo(torch.float32).tiny)).all()
+    y = np.exp(cases.make_subnormal_elementwise("exp", 1000).double().numpy())
+    assert (y < np.finfo(np.float32).tiny).mean() > 0.5
+
+
+def test_a_new_op_registers_with_a_few_lines(monkeypatch):
+    monkeypatch.setitem(cases._REGISTRY, "twice", None)        # removed again after the test
+    make = lambda: ((torch.arange(4.0),), {})  # noqa: E731
+
+    def twice_cases(seed):
+        yield cases.Case("twice/ramp/4", "twice", "quick", {"x": [4]}, make)
+        yield cases.Case("twice/ramp/4-full", "twice", "full", {"x": [4]}, make)
+
+    cases.register("twice", twice_cases, lambda tier, seed: next(twice_cases(seed)))
+    assert [c.name for c in cases.suite("quick", ["twice"])] == ["twice/ramp/4"]
+    assert len(cases.suite("full", ["twice"])) == 2
+    assert cases.timing_case("twice").name == "twice/ramp/4"
+
+
+def test_suite_rejects_unknown_tier_and_op():
+    with pytest.raises(ValueError, match="tier must be one of quick, full"):
+        cases.suite("medium")
+    with pytest.raises(ValueError, match="ops must be among"):
+        cases.suite("quick", ["softplus"])

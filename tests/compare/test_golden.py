@@ -1,0 +1,95 @@
+"""Golden digests and `bitparity verify`: the committed file matches the code, every canonical
+backend matches the file, and a wrong digest or a wrong backend is reported as a mismatch."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from bitparity import SPEC_VERSION, cli
+from bitparity.compare import cases, golden, metrics
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return golden.load()
+
+
+def test_digest_is_sha256_of_little_endian_canonical_bits():
+    # 1.0f is 0x3F800000; every NaN payload and sign becomes 0x7FC00000; int64 5 is 05 00 .. 00.
+    one = hashlib.sha256(bytes.fromhex("0000803f")).hexdigest()
+    assert golden.digest(torch.tensor([1.0])) == one
+    nans = torch.tensor([0x7FC00000, 0x7F800001, -0x00400000], dtype=torch.int32).view(torch.float32)
+    assert golden.digest(nans) == hashlib.sha256(bytes.fromhex("0000c07f") * 3).hexdigest()
+    assert golden.digest(torch.tensor([0.0])) != golden.digest(torch.tensor([-0.0]))
+    pair = (torch.tensor(1.0), torch.tensor([5], dtype=torch.int64))
+    assert golden.digest(pair) == hashlib.sha256(bytes.fromhex("0000803f" + "05" + "00" * 7)).hexdigest()
+
+
+def test_golden_file_describes_this_suite(committed):
+    assert committed["spec_version"] == SPEC_VERSION and committed["suite_version"] == cases.SUITE_VERSION
+    full = cases.suite(committed["tier"])
+    assert [(c["name"], c["op"], c["tier"], c["shapes"]) for c in committed["cases"]] == \
+        [(c.name, c.op, c.tier, c.shapes) for c in full]
+
+
+def test_golden_file_is_not_stale(committed):
+    """The quick tier recomputed on the cpu backend gives the committed digests: a change to an op's
+    bits or to a case's inputs without `python -m bitparity.compare.golden --write` fails here."""
+    fresh = golden.compute("quick", progress=False)["cases"]
+    want = {c["name"]: c["digest"] for c in committed["cases"]}
+    stale = [c["name"] for c in fresh if want[c["name"]] != c["digest"]]
+    assert not stale, f"{len(stale)} stale golden digests, e.g. {stale[:3]}"
+
+
+@pytest.mark.parametrize("backend", ("cpu", "numpy", "ascend", "cuda"))
+def test_verify_quick_tier_matches_every_case(backend, capsys):
+    # cuda runs in the Triton interpreter and ascend in the host emulation here (no GPU, no NPU).
+    assert cli.main(["verify", "--backend", backend, "--quick"]) == 0
+    out = capsys.readouterr()
+    n = len(cases.suite("quick"))
+    assert f"{backend}: {n}/{n} quick cases match" in out.out and "MISMATCH" not in out.out
+    assert f"verify quick on {backend} [" in out.err and f"{n}/{n}" in out.err      # the progress bar
+
+
+def test_verify_reports_a_corrupted_digest(committed, tmp_path, capsys):
+    bad = json.loads(json.dumps(committed))
+    victim = next(c for c in bad["cases"] if c["name"] == "log_softmax/random/4x32000")
+    victim["digest"] = victim["digest"][:-1] + ("0" if victim["digest"][-1] != "0" else "1")
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps(bad))
+    assert cli.main(["verify", "--backend", "cpu", "--golden", str(path), "--format", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    mismatches = [r for r in report["cases"] if not r["match"]]
+    # The backend equals the local canonical result, so the file is the one that differs.
+    assert mismatches == [{"name": victim["name"], "op": "log_softmax", "match": False, "max_ulp": 0.0,
+                           "first_diff": None}]
+
+
+def test_verify_native_mismatches_with_max_ulp_and_first_index(capsys):
+    """torch's own log_softmax is not the canonical order: verify fails, and its max ulp and first
+    differing index are those computed here directly from the two outputs."""
+    assert cli.main(["verify", "--backend", "native", "--quick", "--format", "json"]) == 1
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["cases"]}
+    case = next(c for c in cases.suite("quick", ["log_softmax"]) if c.name == "log_softmax/random/4x32000")
+    inputs = case.inputs()
+    got, want = case.run("native", inputs).reshape(-1), case.run("numpy", inputs).reshape(-1)
+    differ = torch.nonzero(metrics.canonical_bits(got) != metrics.canonical_bits(want))
+    row = rows[case.name]
+    assert differ.numel() and not row["match"]
+    assert row["first_diff"] == int(differ[0])
+    assert row["max_ulp"] == metrics.max_or_zero(metrics.ulp_error(got.double().numpy(), want.double().numpy()))
+    assert 0 < row["max_ulp"] < 64
+    assert all(r["match"] for n, r in rows.items() if n.startswith("gae/carry"))   # torch's recurrence is the same
+
+
+def test_verify_refuses_a_golden_file_of_another_suite(committed, tmp_path):
+    other = dict(committed, suite_version="0")
+    with pytest.raises(ValueError, match="suite 0"):
+        golden.verify("cpu", "quick", other, progress=False)
+
+
+def test_verify_without_a_golden_file_says_how_to_make_one(tmp_path, capsys):
+    assert cli.main(["verify", "--backend", "cpu", "--golden", str(tmp_path / "none.json")]) == 2
+    assert "python -m bitparity.compare.golden --write" in capsys.readouterr().err

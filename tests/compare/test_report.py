@@ -1,0 +1,134 @@
+"""`bitparity compare --out/--plots/--format` and `bitparity diff`, end to end through the CLI."""
+
+import contextlib
+import copy
+import io
+import json
+
+import numpy as np
+import pytest
+
+from bitparity import SPEC_VERSION, cli
+from bitparity.compare import cases, golden, schema
+
+BACKENDS = ("numpy", "cpu", "ascend", "native")
+OPS = ("log_softmax", "masked_whiten")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One small compare: two ops on the CPU-side backends, with its document and plots."""
+    d = tmp_path_factory.mktemp("run")
+    argv = ["compare", "--quick", "--format", "markdown", "--out", str(d / "run.json"), "--plots", str(d / "plots")]
+    for b in BACKENDS:
+        argv += ["--backend", b]
+    for op in OPS:
+        argv += ["--op", op]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert cli.main(argv) == 0
+    return {"dir": d, "doc": json.loads((d / "run.json").read_text()), "markdown": out.getvalue(), "err": err.getvalue()}
+
+
+def test_run_document_is_valid_and_self_describing(run):
+    doc = schema.validate(run["doc"])
+    assert doc["spec_version"] == SPEC_VERSION and doc["suite_version"] == cases.SUITE_VERSION
+    assert doc["backends"] == list(BACKENDS) and doc["packages"]["torch"] and doc["device"]["gpu"] is None
+    assert [c["name"] for c in doc["cases"]] == [c.name for c in cases.suite("quick", list(OPS))]
+    assert "compare quick [" in run["err"]
+
+
+def test_run_digests_are_the_golden_ones_on_canonical_backends(run):
+    want = {c["name"]: c["digest"] for c in golden.load()["cases"]}
+    for case in run["doc"]["cases"]:
+        assert {case["digests"][b] for b in ("numpy", "cpu", "ascend")} == {want[case["name"]]}
+    exact = {(r["op"], r["backend"]): r["exact_percent"] for r in run["doc"]["results"]}
+    assert all(exact[(op, b)] == 100.0 for op in OPS for b in ("cpu", "ascend"))
+    assert exact[("log_softmax", "native")] < 100.0
+
+
+def test_ulp_histograms_count_every_element(run):
+    for r in run["doc"]["results"]:
+        assert sum(r["ulp_histogram"]) == r["elements"] > 0
+
+
+def test_markdown_embeds_the_plots_and_they_are_drawn(run):
+    import matplotlib.image
+
+    for name in ("agreement.png", "ulp_histograms.png", "cost_ratio.png"):
+        path = run["dir"] / "plots" / name
+        assert f"]({path})" in run["markdown"]
+        pixels = matplotlib.image.imread(path)
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 500 and pixels[..., :3].std() > 0.05   # not blank
+    assert "| log_softmax | native" in run["markdown"].replace("  ", " ").replace("  ", " ")
+
+
+def test_schema_validator_names_what_is_wrong(run):
+    doc = copy.deepcopy(run["doc"])
+    del doc["device"]
+    doc["cases"][0]["digests"]["cpu"] = "xyz"
+    doc["results"][0]["max_ulp"] = "big"
+    doc["schema_version"] = 2
+    with pytest.raises(ValueError) as err:
+        schema.validate(doc)
+    for part in ("missing 'device'", "cases[0].digests.cpu: not a hex SHA-256", "results[0].max_ulp",
+                 "version 2"):
+        assert part in str(err.value)
+
+
+def _write(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_diff_of_a_run_with_itself_agrees(run, tmp_path, capsys):
+    a = _write(tmp_path, "a.json", run["doc"])
+    assert cli.main(["diff", a, a]) == 0
+    assert "every canonical digest agrees" in capsys.readouterr().out
+    assert cli.main(["diff", a, a, "--format", "json"]) == 0
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    n = len(run["doc"]["cases"])
+    assert [(p["a"], p["equal"], p["different"]) for p in pairs] == [(b, n, 0) for b in BACKENDS]
+
+
+def test_diff_pairs_cuda_on_one_machine_with_ascend_on_another(run, tmp_path, capsys):
+    # Machine b is machine a with its ascend column relabelled cuda: the pair cuda = ascend is compared.
+    b = copy.deepcopy(run["doc"])
+    b["backends"] = ["cuda" if n == "ascend" else n for n in b["backends"]]
+    for case in b["cases"]:
+        case["digests"]["cuda"] = case["digests"].pop("ascend")
+    for r in b["results"]:
+        r["backend"] = "cuda" if r["backend"] == "ascend" else r["backend"]
+    assert cli.main(["diff", _write(tmp_path, "a.json", run["doc"]), _write(tmp_path, "b.json", b),
+                     "--format", "json"]) == 0
+    pairs = {(p["a"], p["b"]): p for p in json.loads(capsys.readouterr().out)["pairs"]}
+    assert pairs[("ascend", "cuda")]["equal"] == len(run["doc"]["cases"])
+
+
+def test_diff_fails_on_a_differing_canonical_digest(run, tmp_path, capsys):
+    b = copy.deepcopy(run["doc"])
+    victim = b["cases"][3]
+    victim["digests"]["cpu"] = "0" * 64
+    for case in b["cases"]:                     # native differs too: reported, but not a failure alone
+        case["digests"]["native"] = "f" * 64
+    assert cli.main(["diff", _write(tmp_path, "a.json", run["doc"]), _write(tmp_path, "b.json", b)]) == 1
+    out = capsys.readouterr().out
+    assert "canonical digests DIFFER" in out and victim["name"] in out and "0" * 16 in out
+    assert "native: not canonical" in out
+
+
+def test_diff_refuses_runs_of_different_seeds_and_invalid_files(run, tmp_path, capsys):
+    a = _write(tmp_path, "a.json", run["doc"])
+    assert cli.main(["diff", a, _write(tmp_path, "b.json", dict(run["doc"], seed=1))]) == 2
+    assert "seed 0 vs 1" in capsys.readouterr().err
+    assert cli.main(["diff", a, _write(tmp_path, "c.json", {"schema": "something else"})]) == 2
+    assert "not a bitparity run document" in capsys.readouterr().err
+
+
+def test_ulp_histogram_bins():
+    from bitparity.compare.run import ULP_BIN_LABELS, ulp_histogram
+    counts = ulp_histogram(np.array([0.0, 0.1, 0.125, 0.2, 1.0, 1.5, 5000.0, np.inf]))
+    assert dict(zip(ULP_BIN_LABELS, counts.tolist())) == {
+        "0": 1, "<=1/8": 2, "<=1/4": 1, "<=1/2": 0, "<=1": 1, "<=2": 1, "<=4": 0, "<=8": 0, "<=16": 0,
+        "<=64": 0, "<=1024": 0, ">1024": 1, "inf": 1}
