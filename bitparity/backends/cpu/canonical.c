@@ -879,10 +879,10 @@ void bp_philox(const int64_t *counters, const int64_t *keys, int64_t n, int64_t 
     }
 }
 
-/* log E of the Exp(1) variate E made from the words (a, b) (spec 20):
+/* The Exp(1) variate E made from the words (a, b) (spec 20):
  * V = (a >> 8) * 2^-24 where that is >= 2^-8, else with the 23 bits b >> 9
  * below it; E = -log(1 - V), or its series V + V^2/2 + V^3/3 for small V. */
-ALWAYS_INLINE float race_noise(uint32_t a, uint32_t b)
+ALWAYS_INLINE float exponential(uint32_t a, uint32_t b)
 {
     int32_t ha = (int32_t)(a >> 8), hb = (int32_t)(b >> 9);
     float coarse_v = (float)ha * float_of(BP_TWO_M24_BITS);              /* exact */
@@ -893,26 +893,34 @@ ALWAYS_INLINE float race_noise(uint32_t a, uint32_t b)
     s = s + float_of(BP_HALF_BITS);
     s = (v * v) * s;
     float small = v + s;
-    return canonical_log(coarse ? big : small);
+    return coarse ? big : small;
 }
 
 /* Tokens whose noise one noise_block call computes (even, a few vectors wide). */
 #define NOISE_BLOCK 32
 
 /* The noise of tokens i0 .. i0 + NOISE_BLOCK - 1 (i0 even) of the stream
- * (seed, position) (spec 19): token i0 + 2m into even[m], i0 + 2m + 1 into
- * odd[m], both from philox(i >> 1, position lo, hi, SAMPLE_STREAM; seed lo, hi),
- * words (0, 1) for the even token and (2, 3) for the odd one.  Tokens past a
- * row's end are computed too and never read. */
-static void noise_block(uint64_t seed, uint64_t position, int64_t i0, float *even, float *odd)
+ * (seed, position) (spec 19) into noise[]: token i0 + 2m at noise[m] from words
+ * (0, 1), token i0 + 2m + 1 at noise[NOISE_BLOCK / 2 + m] from words (2, 3) of
+ * philox(i >> 1, position lo, hi, SAMPLE_STREAM; seed lo, hi).  Tokens past a
+ * row's end are computed too and never read.  Three loops, so that each
+ * vectorises: the words, the variates E, their logs. */
+static void noise_block(uint64_t seed, uint64_t position, int64_t i0, float *noise)
 {
+    uint32_t a[NOISE_BLOCK], b[NOISE_BLOCK];
     for (int m = 0; m < NOISE_BLOCK / 2; m++) {
         uint32_t c0 = (uint32_t)(i0 / 2 + m), c1 = (uint32_t)position, c2 = (uint32_t)(position >> 32);
         uint32_t c3 = BP_SAMPLE_STREAM;
         philox(&c0, &c1, &c2, &c3, (uint32_t)seed, (uint32_t)(seed >> 32));
-        even[m] = race_noise(c0, c1);
-        odd[m] = race_noise(c2, c3);
+        a[m] = c0;
+        b[m] = c1;
+        a[NOISE_BLOCK / 2 + m] = c2;
+        b[NOISE_BLOCK / 2 + m] = c3;
     }
+    for (int m = 0; m < NOISE_BLOCK; m++)
+        noise[m] = exponential(a[m], b[m]);
+    for (int m = 0; m < NOISE_BLOCK; m++)
+        noise[m] = canonical_log(noise[m]);
 }
 
 /* -- Selection (spec 21) ----------------------------------------------------- */
@@ -1409,19 +1417,19 @@ int bp_filter_logits(const float *x, int64_t rows, int64_t n, const float *scale
  * token get noise; every score is finite, so the first one is taken. */
 static int64_t race_winner(const float *f, const int64_t *cand, int64_t nc, int64_t seed, int64_t position)
 {
-    float even[NOISE_BLOCK / 2], odd[NOISE_BLOCK / 2];
+    float noise[NOISE_BLOCK];
     float best = NEG_INF;
-    int64_t token = -1, block = -1;
-    for (int64_t c = 0; c < nc; c++) {
-        int64_t i = cand[c], b = i - i % NOISE_BLOCK, r = i - b;
-        if (b != block) {
-            noise_block((uint64_t)seed, (uint64_t)position, b, even, odd);
-            block = b;
-        }
-        float score = f[i] - (r & 1 ? odd : even)[r >> 1];
-        if (score > best) {
-            best = score;
-            token = i;
+    int64_t token = -1;
+    for (int64_t c = 0; c < nc;) {
+        int64_t b = cand[c] - cand[c] % NOISE_BLOCK;
+        noise_block((uint64_t)seed, (uint64_t)position, b, noise);
+        for (; c < nc && cand[c] < b + NOISE_BLOCK; c++) {
+            int64_t i = cand[c], r = i - b;
+            float score = f[i] - noise[(r & 1) * (NOISE_BLOCK / 2) + (r >> 1)];
+            if (score > best) {
+                best = score;
+                token = i;
+            }
         }
     }
     return token;
