@@ -14,6 +14,16 @@ the same IEEE add/mul/compare/select/int operations on the same operands as
 scalar code, and no FMA is emitted (-ffp-contract=off, and no -mfma).
 build(level) gives any build this CPU runs, so a test can check each one
 against the numpy backend, and Build.path is its library, to disassemble.
+
+Selection and sampling (spec 21-22) take the decisions the spec defines, found
+by cheaper searches that cannot change them: top-k's threshold by selection on
+order-preserving uint32 keys (ties counted, as the spec counts them); top-p's
+floor by walking the kept values down in sorted order while one lane and its
+tree paths are recomputed per token, so that each test A(v) < thr reads the
+exact canonical sum (positions without a term hold -0.0, the identity); with
+top-k off, float64 masses per bucket first pick the few buckets where the mass
+crosses thr, and only their tokens are walked (canonical.c, top_p_filter).
+Noise is drawn only for the tokens left, in vectorised blocks of 32.
 """
 
 import ctypes
