@@ -1255,41 +1255,42 @@ static void top_p_filter(float *f, const float *e, int64_t *cand, int64_t *nc, f
     *nc = kept;
 }
 
-/* topk of each row of x [rows, n] (spec 21) into values f32[rows, k] and
- * indices i64[rows, k]: tau = the k-th largest key; the keys above tau (fewer
- * than k) and the first k keys equal to it, by position, are ranked (value
- * descending, position ascending) and the first k taken.  Values are copied,
- * bits unchanged.  Returns 0, or -1 if scratch could not be allocated. */
-int bp_topk(const float *x, int64_t rows, int64_t n, int64_t k, float *values, int64_t *indices, int nthreads)
+/* The arguments of the selection row ops; each op reads its own. */
+struct select_args {
+    const float *x;
+    int64_t k;                                   /* topk */
+    float *values;
+    int64_t *indices;
+    const float *scale, *top_p, *min_p;          /* filter_logits, sample: one per row */
+    const int64_t *top_k;
+    float *out;                                  /* filter_logits */
+    const uint8_t *greedy;                       /* sample */
+    const int64_t *seeds, *positions;
+    int64_t *tokens;
+};
+
+/* topk of row r (spec 21) into values and indices [r, 0:k]: tau = the k-th
+ * largest key; the keys above tau (fewer than k) and the first k keys equal to
+ * it, by position, are ranked (value descending, position ascending) and the
+ * first k taken.  Values are copied, bits unchanged. */
+static void topk_row(const struct select_args *a, int64_t r, int64_t n, const struct select_scratch *sc)
 {
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads) reduction(|:failed)
-    {
-        struct select_scratch sc;
-        failed = select_scratch_alloc(&sc, n);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (failed)
-                continue;
-            const float *xr = x + r * n;
-            for (int64_t i = 0; i < n; i++)
-                sc.keys[i] = order_key(xr[i]);
-            uint32_t tau = kth_largest_key(sc.keys, n, k, sc.buf, sc.hist);
-            int64_t nr = 0, ties = 0;
-            for (int64_t i = 0; i < n; i++) {
-                if (sc.keys[i] > tau || (sc.keys[i] == tau && ties++ < k))
-                    sc.ranks[nr++] = rank_of(sc.keys[i], i);
-            }
-            qsort(sc.ranks, (size_t)nr, sizeof *sc.ranks, compare_u64);
-            for (int64_t j = 0; j < k; j++) {
-                int64_t i = rank_position(sc.ranks[j]);
-                values[r * k + j] = xr[i];
-                indices[r * k + j] = i;
-            }
-        }
-        select_scratch_free(&sc);
+    const float *xr = a->x + r * n;
+    int64_t k = a->k;
+    for (int64_t i = 0; i < n; i++)
+        sc->keys[i] = order_key(xr[i]);
+    uint32_t tau = kth_largest_key(sc->keys, n, k, sc->buf, sc->hist);
+    int64_t nr = 0, ties = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (sc->keys[i] > tau || (sc->keys[i] == tau && ties++ < k))
+            sc->ranks[nr++] = rank_of(sc->keys[i], i);
     }
-    return failed ? -1 : 0;
+    qsort(sc->ranks, (size_t)nr, sizeof *sc->ranks, compare_u64);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t i = rank_position(sc->ranks[j]);
+        a->values[r * k + j] = xr[i];
+        a->indices[r * k + j] = i;
+    }
 }
 
 /* -- Filtering and sampling (spec 21, 22) ------------------------------------- */
@@ -1385,31 +1386,19 @@ static int filter_row(const float *x, int64_t n, struct filter_params p, float *
     return 0;
 }
 
-/* filter_logits of each row of x [rows, n] with per-row parameters into out
- * [rows, n]; a row without a distribution comes out all NaN.  Returns 0, or -1
- * if scratch could not be allocated. */
-int bp_filter_logits(const float *x, int64_t rows, int64_t n, const float *scale, const int64_t *top_k,
-                     const float *top_p, const float *min_p, float *out, int nthreads)
+static struct filter_params params_of(const struct select_args *a, int64_t r)
 {
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads) reduction(|:failed)
-    {
-        struct select_scratch sc;
-        failed = select_scratch_alloc(&sc, n);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (failed)
-                continue;
-            const struct filter_params p = {scale[r], top_k[r], top_p[r], min_p[r]};
-            float *orow = out + r * n;
-            int64_t nc;
-            if (filter_row(x + r * n, n, p, orow, &nc, &sc))
-                for (int64_t i = 0; i < n; i++)
-                    orow[i] = NAN_F32;
-        }
-        select_scratch_free(&sc);
-    }
-    return failed ? -1 : 0;
+    return (struct filter_params){a->scale[r], a->top_k[r], a->top_p[r], a->min_p[r]};
+}
+
+/* filter_logits of row r into out [r, 0:n]; all NaN without a distribution. */
+static void filter_logits_row(const struct select_args *a, int64_t r, int64_t n, const struct select_scratch *sc)
+{
+    float *orow = a->out + r * n;
+    int64_t nc;
+    if (filter_row(a->x + r * n, n, params_of(a, r), orow, &nc, sc))
+        for (int64_t i = 0; i < n; i++)
+            orow[i] = NAN_F32;
 }
 
 /* The lowest-index maximum of f_i - noise_i over the kept positions cand[0:nc]
@@ -1447,36 +1436,75 @@ static int64_t first_argmax(const float *x, int64_t n, float *lanes)
     return i;
 }
 
-/* sample (spec 22) of each row of x [rows, n] into out i64[rows]: a greedy row
- * takes first_argmax of x, any other the race winner over filter_logits' kept
- * tokens; -1 where w = x * scale holds a NaN or +inf.  Returns 0, or -1 if
- * scratch could not be allocated. */
-int bp_sample(const float *x, int64_t rows, int64_t n, const float *scale, const int64_t *top_k,
-              const float *top_p, const float *min_p, const uint8_t *greedy, const int64_t *seeds,
-              const int64_t *positions, int64_t *out, int nthreads)
+/* sample (spec 22) of row r into tokens[r]: a greedy row takes first_argmax of
+ * x, any other the race winner over filter_logits' kept tokens; -1 where
+ * w = x * scale holds a NaN or +inf. */
+static void sample_row(const struct select_args *a, int64_t r, int64_t n, const struct select_scratch *sc)
+{
+    const float *xr = a->x + r * n;
+    const struct filter_params p = params_of(a, r);
+    int64_t nc;
+    if (a->greedy[r]) {
+        float m = row_max(xr, n, p.scale, sc->lanes);
+        a->tokens[r] = m != m || m == POS_INF ? -1 : first_argmax(xr, n, sc->lanes);
+    } else if (filter_row(xr, n, p, sc->f, &nc, sc)) {
+        a->tokens[r] = -1;
+    } else {
+        a->tokens[r] = race_winner(sc->f, sc->cand, nc, a->seeds[r], a->positions[r]);
+    }
+}
+
+enum select_op { OP_TOPK, OP_FILTER_LOGITS, OP_SAMPLE };
+
+/* Runs op over rows under `omp parallel for schedule(static)`: a thread owns
+ * whole rows and its own scratch, so no bit depends on the thread count.
+ * Returns 0, or -1 if scratch could not be allocated. */
+static int select_rows(enum select_op op, const struct select_args *a, int64_t rows, int64_t n, int nthreads)
 {
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) reduction(|:failed)
     {
         struct select_scratch sc;
         failed = select_scratch_alloc(&sc, n);
+        /* every thread reaches the loop: a worksharing loop needs all of them */
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (failed)
                 continue;
-            const float *xr = x + r * n;
-            const struct filter_params p = {scale[r], top_k[r], top_p[r], min_p[r]};
-            int64_t nc;
-            if (greedy[r]) {
-                float m = row_max(xr, n, p.scale, sc.lanes);
-                out[r] = m != m || m == POS_INF ? -1 : first_argmax(xr, n, sc.lanes);
-            } else {
-                out[r] = filter_row(xr, n, p, sc.f, &nc, &sc) ? -1
-                                                                : race_winner(sc.f, sc.cand, nc, seeds[r], positions[r]);
+            switch (op) {
+            case OP_TOPK: topk_row(a, r, n, &sc); break;
+            case OP_FILTER_LOGITS: filter_logits_row(a, r, n, &sc); break;
+            case OP_SAMPLE: sample_row(a, r, n, &sc); break;
             }
         }
         select_scratch_free(&sc);
     }
     return failed ? -1 : 0;
+}
+
+/* topk of each row of x [rows, n] into values f32[rows, k], indices i64[rows, k]. */
+int bp_topk(const float *x, int64_t rows, int64_t n, int64_t k, float *values, int64_t *indices, int nthreads)
+{
+    const struct select_args a = {.x = x, .k = k, .values = values, .indices = indices};
+    return select_rows(OP_TOPK, &a, rows, n, nthreads);
+}
+
+/* filter_logits of each row of x [rows, n] with per-row parameters into out [rows, n]. */
+int bp_filter_logits(const float *x, int64_t rows, int64_t n, const float *scale, const int64_t *top_k,
+                     const float *top_p, const float *min_p, float *out, int nthreads)
+{
+    const struct select_args a = {.x = x, .scale = scale, .top_k = top_k, .top_p = top_p, .min_p = min_p,
+                                  .out = out};
+    return select_rows(OP_FILTER_LOGITS, &a, rows, n, nthreads);
+}
+
+/* sample of each row of x [rows, n] with per-row parameters into tokens i64[rows]. */
+int bp_sample(const float *x, int64_t rows, int64_t n, const float *scale, const int64_t *top_k,
+              const float *top_p, const float *min_p, const uint8_t *greedy, const int64_t *seeds,
+              const int64_t *positions, int64_t *tokens, int nthreads)
+{
+    const struct select_args a = {.x = x, .scale = scale, .top_k = top_k, .top_p = top_p, .min_p = min_p,
+                                  .greedy = greedy, .seeds = seeds, .positions = positions, .tokens = tokens};
+    return select_rows(OP_SAMPLE, &a, rows, n, nthreads);
 }
 
