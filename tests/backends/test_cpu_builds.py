@@ -182,12 +182,98 @@ def test_build_has_no_fma_instruction(level):
     build = cpu.build(level)
     text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(build.path)],
                           capture_output=True, text=True, check=True).stdout
-    assert "<bp_log_softmax>:" in text and "<bp_gae>:" in text, "disassembly lacks the exported ops"
+    assert all(f"<bp_{op}>:" in text for op in ("log_softmax", "gae", "philox", "sample")), \
+        "disassembly lacks the exported ops"
     fused = sorted({m.group(0) for m in FMA.finditer(text)})
     assert not fused, f"{build.isa} build {build.path} contains FMA instructions: {fused}"
     # The build is the ISA it claims: gcc vectorised into that width's registers.
     register = {"AVX2": "%ymm", "AVX-512F": "%zmm"}.get(build.isa)
     assert register is None or register in text, f"{build.isa} build uses no {register} register"
+
+
+SAMPLING_OPS = ("philox", "topk", "filter_logits", "sample")
+
+
+def _sampling_rows(n, seed):
+    """[8, n] logits that reach each path of the cpu backend's search: random rows (with top-p and without
+    top-k, more than 1024 kept tokens: the bucketed top-p search), logits on a grid of 8 values (ties at
+    every top-k and top-p boundary), signed zeros, a wide range, -inf entries, an all -inf row, a NaN row
+    and a +inf row."""
+    rng = np.random.default_rng([seed, n])
+    x = (rng.standard_normal((8, n)) * 3).astype(F32)
+    x[1] = rng.integers(-4, 4, n) * F32(0.5)
+    x[2] = np.where(rng.random(n) < 0.5, F32(0.0), F32(-0.0))
+    x[3] = (rng.standard_cauchy(n) * 10).astype(F32)
+    x[4, rng.random(n) < 0.3] = -np.inf
+    x[5] = -np.inf
+    x[6, n // 2] = np.nan
+    x[7, n // 3] = np.inf
+    return torch.from_numpy(x)
+
+
+def _top_p_tie_row():
+    """A row [0, 0, -1 x 5] and a top_p for which the mass above the value -1 (2.0: two exponentials of exactly
+    1) equals thr = top_p * Z exactly, so only the strict A(v) < thr of spec 21 removes the -1 tokens."""
+    from bitparity.reference import canonical
+    x = np.array([[0, 0, -1, -1, -1, -1, -1]], dtype=F32)
+    z = canonical.canonical_sum(canonical.exp(x))[0]
+    top_p = next(p for p in (F32(2) / z, np.nextafter(F32(2) / z, F32(0)), np.nextafter(F32(2) / z, F32(1)))
+                 if p * z == F32(2))
+    return torch.from_numpy(x), f32(top_p)
+
+
+@functools.cache
+def sampling_calls():
+    """op -> [(label, contract arguments)] for the selection and sampling ops."""
+    rng = np.random.default_rng(11)
+    out = {"philox": [("random words", (torch.from_numpy(rng.integers(0, 2**32, (999, 4), dtype=np.int64)),
+                                        torch.from_numpy(rng.integers(0, 2**32, (999, 2), dtype=np.int64))))],
+           "topk": [], "filter_logits": [], "sample": []}
+    for n in (7, 1025, 49153):
+        x = _sampling_rows(n, 1)
+        for k in sorted({1, min(50, n), n}):
+            out["topk"].append((f"n={n} k={k}", (x, k)))
+        for top_k, top_p, min_p in ((0, 0.9, 0.0), (50, 0.9, 0.0), (0, 0.5, 0.1), (3, 1.0, 0.0), (0, 1.0, 0.0),
+                                    (n - 1, 0.999, 0.0)):
+            params = (torch.full((8,), f32(F32(1) / F32(0.7))), torch.full((8,), top_k, dtype=torch.int64),
+                      torch.full((8,), f32(top_p)), torch.full((8,), f32(min_p)))
+            label = f"n={n} top_k={top_k} top_p={top_p} min_p={min_p}"
+            out["filter_logits"].append((label, (x, *params)))
+            greedy = torch.tensor([False] * 7 + [True]) if top_k == 0 else torch.zeros(8, dtype=torch.bool)
+            seeds = torch.from_numpy(rng.integers(-2**63, 2**63 - 1, 8, dtype=np.int64))
+            positions = torch.from_numpy(rng.integers(0, 2**40, 8, dtype=np.int64))
+            out["sample"].append((label, (x, *params, greedy, seeds, positions)))
+    x, top_p = _top_p_tie_row()
+    params = (torch.ones(1), torch.zeros(1, dtype=torch.int64), torch.full((1,), top_p), torch.zeros(1))
+    out["filter_logits"].append(("top-p tie: A(v) == thr", (x, *params)))
+    for seed in range(8):    # the race picks one of the two kept tokens, or a removed one if the tie were kept
+        out["sample"].append((f"top-p tie: A(v) == thr, seed {seed}", (x, *params, torch.zeros(1, dtype=torch.bool),
+                                                                        torch.tensor([seed]), torch.tensor([0]))))
+    return out
+
+
+@functools.cache
+def sampling_want(op, i):
+    got = getattr(reference, op)(*sampling_calls()[op][i][1])
+    return got if isinstance(got, tuple) else (got,)
+
+
+def assert_sampling_calls_match(op, fn):
+    """fn(*args) gives the numpy backend's tokens, indices and words exactly, and its values' canonical bits."""
+    failures = []
+    for i, (label, args) in enumerate(sampling_calls()[op]):
+        got = fn(*args)
+        for k, (g, w) in enumerate(zip(got if isinstance(got, tuple) else (got,), sampling_want(op, i))):
+            same = torch.equal(canonical_bits(g), canonical_bits(w)) if w.is_floating_point() else torch.equal(g, w)
+            if not same:
+                failures.append(f"{label} result {k}")
+    assert not failures, f"{op}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("op", SAMPLING_OPS)
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: cpu.ISA_BUILDS[level][0])
+def test_build_gives_canonical_selection_and_samples(level, op):
+    assert_sampling_calls_match(op, getattr(cpu.build(level), op))
 
 
 @pytest.fixture
@@ -203,3 +289,10 @@ def test_thread_count_changes_no_bit(op, restore_threads):
     for threads in (1, 2, 3):
         torch.set_num_threads(threads)
         assert_calls_match(op, getattr(cpu.build(), op))
+
+
+@pytest.mark.parametrize("op", SAMPLING_OPS)
+def test_thread_count_changes_no_selection_or_sample(op, restore_threads):
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        assert_sampling_calls_match(op, getattr(cpu.build(), op))

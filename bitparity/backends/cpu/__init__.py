@@ -14,6 +14,16 @@ the same IEEE add/mul/compare/select/int operations on the same operands as
 scalar code, and no FMA is emitted (-ffp-contract=off, and no -mfma).
 build(level) gives any build this CPU runs, so a test can check each one
 against the numpy backend, and Build.path is its library, to disassemble.
+
+Selection and sampling (spec 21-22) take the decisions the spec defines, found
+by cheaper searches that cannot change them: top-k's threshold by selection on
+order-preserving uint32 keys (ties counted, as the spec counts them); top-p's
+floor by walking the kept values down in sorted order while one lane and its
+tree paths are recomputed per token, so that each test A(v) < thr reads the
+exact canonical sum (positions without a term hold -0.0, the identity); with
+top-k off, float64 masses per bucket first pick the few buckets where the mass
+crosses thr, and only their tokens are walked (canonical.c, top_p_filter).
+Noise is drawn only for the tokens left, in vectorised blocks of 32.
 """
 
 import ctypes
@@ -47,12 +57,13 @@ ISA_BUILDS = {
 
 def _spec_defines():
     """spec.py's constants as -D macros, so canonical.c holds no copy of them to drift."""
-    counts = {"LANES": spec.LANES, "SEGMENT": spec.SEGMENT, "RECIP_NEWTON_STEPS": spec.RECIP_NEWTON_STEPS,
-              "RSQRT_NEWTON_STEPS": spec.RSQRT_NEWTON_STEPS}
+    counts = {name: getattr(spec, name) for name in ("LANES", "SEGMENT", "RECIP_NEWTON_STEPS", "RSQRT_NEWTON_STEPS",
+                                                     "PHILOX_ROUNDS", "SAMPLE_STREAM", "UNIFORM_COARSE_MIN")}
     patterns = {name: getattr(spec, name) for name in dir(spec)
                 if name.endswith("_BITS") and isinstance(getattr(spec, name), int)}
     patterns["RECIP_MAGIC"] = spec.RECIP_MAGIC
     patterns["RSQRT_MAGIC"] = spec.RSQRT_MAGIC
+    patterns.update({name: getattr(spec, name) for name in ("PHILOX_M0", "PHILOX_M1", "PHILOX_W0", "PHILOX_W1")})
     patterns.update({f"EXP_P{i}": b for i, b in enumerate(spec.EXP_POLY_BITS)})
     patterns.update({f"LOG_P{i}": b for i, b in enumerate(spec.LOG_POLY_BITS)})
     patterns.update({f"K3_P{i}": b for i, b in enumerate(spec.K3_SERIES_BITS)})
@@ -81,6 +92,14 @@ _SIGNATURES = {
     "bp_gae": ([_P, _P, _P, _P, _I64, _I64, _F32, _F32, _INT, _P, _P, _INT], None),
     # logp, old_logp, advantages, mask, B, T, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, result[2], threads
     "bp_ppo_policy_loss": ([_P, _P, _P, _P, _I64, _I64, _F32, _F32, _F32, _F32, _INT, _P, _INT], _INT),
+    # counters, keys, n, out, threads
+    "bp_philox": ([_P, _P, _I64, _P, _INT], None),
+    # x, rows, n, k, values, indices, threads
+    "bp_topk": ([_P, _I64, _I64, _I64, _P, _P, _INT], _INT),
+    # x, rows, n, scale, top_k, top_p, min_p, out, threads
+    "bp_filter_logits": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _INT], _INT),
+    # x, rows, n, scale, top_k, top_p, min_p, greedy, seeds, positions, out, threads
+    "bp_sample": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT], _INT),
 }
 
 # The C enums kl_kind and ppo_agg.
@@ -202,6 +221,35 @@ class Build:
                                             torch.get_num_threads()))
         return result[0].clone(), result[1].clone()
 
+    def philox(self, counters, keys):
+        out = torch.empty_like(counters)
+        self._lib.bp_philox(counters.data_ptr(), keys.data_ptr(), counters.shape[0], out.data_ptr(),
+                            torch.get_num_threads())
+        return out
+
+    def topk(self, x, k):
+        rows, n = x.shape
+        values = torch.empty((rows, k), dtype=torch.float32)
+        indices = torch.empty((rows, k), dtype=torch.int64)
+        _check(self._lib.bp_topk(x.data_ptr(), rows, n, k, values.data_ptr(), indices.data_ptr(),
+                                 torch.get_num_threads()))
+        return values, indices
+
+    def filter_logits(self, x, scale, top_k, top_p, min_p):
+        out = torch.empty_like(x)
+        rows, n = x.shape
+        _check(self._lib.bp_filter_logits(x.data_ptr(), rows, n, scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(),
+                                          min_p.data_ptr(), out.data_ptr(), torch.get_num_threads()))
+        return out
+
+    def sample(self, x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        rows, n = x.shape
+        _check(self._lib.bp_sample(x.data_ptr(), rows, n, scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(),
+                                   min_p.data_ptr(), greedy.data_ptr(), seeds.data_ptr(), positions.data_ptr(),
+                                   out.data_ptr(), torch.get_num_threads()))
+        return out
+
 
 _lock = threading.Lock()
 _builds = {}
@@ -278,3 +326,19 @@ def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
 def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
     return build().ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip,
                                    ratio_clamp, agg)
+
+
+def philox(counters, keys):
+    return build().philox(counters, keys)
+
+
+def topk(x, k):
+    return build().topk(x, k)
+
+
+def filter_logits(x, scale, top_k, top_p, min_p):
+    return build().filter_logits(x, scale, top_k, top_p, min_p)
+
+
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+    return build().sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions)
