@@ -97,6 +97,15 @@ def test_werror_flags_reject_a_warning(tmp_path):
     assert set(failures) == {"object", "alone"} and all("unused" in err for err in failures.values()), failures
 
 
+def test_kernel_sources_have_no_build_specific_branches():
+    """The emulation and both NPU builds compile the same kernel code: no #if/#ifdef/#else in kernels/
+    apart from include guards, so no build can see different kernel code."""
+    branches = [f"{p.name}: {line.strip()}" for p in KERNEL_FILES for line in p.read_text().splitlines()
+                if re.match(r"\s*#\s*(if|ifdef|ifndef|elif|else)\b", line)
+                and not re.match(r"\s*#\s*ifndef\s+BITPARITY_\w+_H\s*$", line)]
+    assert not branches, branches
+
+
 # ---- The API-subset guard ------------------------------------------------------
 
 # Vendor instructions and high-level APIs whose rounding or reduction order is the vendor's, not the spec's.
