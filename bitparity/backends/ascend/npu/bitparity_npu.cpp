@@ -17,7 +17,9 @@
 // checks that these, the kernels' entry points, the host emulation's launches
 // (emulation/launch.cpp) and the backend's calls (../__init__.py) name the same ops.
 
-#include <torch/extension.h>
+// ATen and the op registry only: torch/extension.h would pull in Python.h, which this library never needs.
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 
