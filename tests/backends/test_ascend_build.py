@@ -1,20 +1,21 @@
 """What can be checked of the Ascend NPU build without CANN or an NPU.
 
 No bisheng, CANN toolkit or NPU is available here, so the NPU build has never
-compiled (docs/ascend.md).  These tests check what this machine allows:
-  * every kernel source, each alone (as CANN 8.x's ascendc_library compiles
-    them) and all in the one translation unit that CMakeLists.txt generates
-    for CANN >= 9.1, compiles under the host emulation with -Werror;
-  * the kernel sources use no Ascend C API outside kernels/ALLOWED_API.txt,
-    and none of the vendor's math or reductions;
-  * the kernels' entry points, the host emulation's launches, the torch_npu
-    binding's launches and op registrations, and the backend's NPU calls name
-    the same kernels and ops;
+run (docs/ascend.md).  These tests check what this machine allows:
+  * with -Werror: every kernel source under the host emulation, all in the one
+    translation unit that CMakeLists.txt generates for CANN >= 9.1 and each
+    alone (as CANN 8.x's ascendc_library compiles them); and the torch_npu
+    binding in its CANN 8.x form, against torch's headers and stand-ins for
+    torch_npu's stream and the generated launchers;
+  * the kernel sources hold no build-specific branch, use no Ascend C API
+    outside kernels/ALLOWED_API.txt, and none of the vendor's math or reductions;
+  * the kernels' entry points, the host emulation's launches, the binding's
+    launches and op registrations, and the backend's NPU calls name the same
+    kernels and ops, and every contract op has an NPU path;
   * CMakeLists.txt, run in CMake's script mode with the CANN and torch
     commands stubbed, takes every kernel source under both CANN toolchains,
     and npu_build.sh fails clearly without CANN or torch_npu.
 """
-
 import ast
 import inspect
 import os

@@ -1,8 +1,9 @@
 // torch_npu binding of the Ascend C kernels: torch.ops.bitparity_ascend.* on NPU (PrivateUse1) tensors.
 //
-// Written to CANN's documented conventions but NEVER COMPILED OR RUN ON AN NPU
-// in this project (docs/ascend.md).  ../CMakeLists.txt builds this one file in
-// one of two ways and generates the header it includes, bitparity_kernels.h:
+// Written to CANN's documented conventions but NEVER COMPILED BY BISHENG OR RUN
+// ON AN NPU in this project (docs/ascend.md); the tests compile its CANN 8.x
+// form against stand-ins for torch_npu and CANN.  ../CMakeLists.txt builds this
+// one file in one of two ways and generates the header it includes, bitparity_kernels.h:
 //   * CANN >= 9.1 (ASC language, bisheng): the header #includes every kernel
 //     source, so kernels and launches are one translation unit (no relocatable
 //     device code, -dc, is needed), and a launch is <<<blocks, nullptr, stream>>>.
