@@ -6,10 +6,11 @@ over AI cores by GetBlockIdx/GetBlockNum, and only IEEE add/sub/mul, compare,
 select, min/max, exact casts and int32/bit operations in the canonical path.
 
 They run in one of two ways:
-  * On an NPU (torch_npu imports and sees a device): the library built from
-    npu/ registers torch.ops.bitparity.*, and the ops take NPU tensors.  This
-    path is written to CANN conventions but has never been compiled or run in
-    this project: see npu/README.md for what must be checked on hardware.
+  * On an NPU (torch_npu imports and sees a device): the library that
+    CMakeLists.txt builds registers torch.ops.bitparity_ascend.*, and the ops
+    take NPU tensors.  This path is written to CANN conventions but has never
+    been compiled or run in this project: docs/ascend.md says what must be
+    checked on hardware, and how.
   * Elsewhere, in the host emulation: the same kernel sources compiled by g++
     against emulation/kernel_operator.h, which models the API subset and
     enforces its constraints (alignment, UB capacity, queue discipline,

@@ -35,7 +35,7 @@ FLAGS = ("-std=c++17", "-fno-strict-aliasing", "-fvect-cost-model=dynamic", "-Wa
 # spec's order), which the tests check by running other counts.
 BLOCKS = 40
 
-# The longest row: kernels/tiling.h keeps MAX_SEGMENTS = 1024 per-segment partials in UB.
+# The longest row, kernels/row_limits.h's MAX_ROW: MAX_SEGMENTS = 1024 per-segment partials in UB.
 # It also keeps the float32 counts of kernels/masked.cpp exact (every count <= 2**24).
 MAX_ROW = 1024 * spec.SEGMENT
 

@@ -1,9 +1,10 @@
-"""The Ascend C kernels on an NPU, through the torch ops that npu/ registers.
+"""The Ascend C kernels on an NPU, through the torch ops that npu/bitparity_npu.cpp registers.
 
-npu/CMakeLists.txt builds libbitparity_npu.so from kernels/*.cpp and
-npu/bitparity_npu.cpp, which registers torch.ops.bitparity.* for PrivateUse1
-(torch_npu) tensors.  This module finds that library and loads it.  The NPU
-path has not been run in this project (npu/README.md).
+CMakeLists.txt (run by scripts/npu_build.sh) builds build/libbitparity_npu.so
+from kernels/*.cpp and npu/bitparity_npu.cpp, which registers
+torch.ops.bitparity_ascend.* for PrivateUse1 (torch_npu) tensors.  This module
+finds that library and loads it.  The NPU path has not been run in this
+project (docs/ascend.md).
 """
 
 import os
@@ -12,7 +13,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_LIBRARY = HERE / "npu" / "build" / "libbitparity_npu.so"
+DEFAULT_LIBRARY = HERE / "build" / "libbitparity_npu.so"
+NAMESPACE = "bitparity_ascend"
 LIBRARY_ENV = "BITPARITY_ASCEND_NPU_LIB"
 
 _loaded = []
@@ -36,7 +38,8 @@ def load():
     if not _loaded:
         path = library_path()
         if not path.exists():
-            raise OSError(f"{path} does not exist: build it as npu/README.md says, or set {LIBRARY_ENV}")
+            raise OSError(f"{path} does not exist: build it with scripts/npu_build.sh (docs/ascend.md), "
+                          f"or set {LIBRARY_ENV}")
         torch.ops.load_library(str(path))
         _loaded.append(path)
     return _loaded[0]
@@ -44,4 +47,4 @@ def load():
 
 def op(name):
     load()
-    return getattr(torch.ops.bitparity, name)
+    return getattr(getattr(torch.ops, NAMESPACE), name)

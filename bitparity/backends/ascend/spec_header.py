@@ -1,6 +1,6 @@
 """Generates kernels/spec_constants.h, the kernels' copy of spec.py's constants.
 
-The Ascend C kernels are compiled by bisheng on an NPU host (npu/CMakeLists.txt)
+The Ascend C kernels are compiled by bisheng on an NPU host (CMakeLists.txt)
 as well as by g++ here, so they cannot read spec.py: they read this generated
 header.  tests/backends/test_ascend_emulation.py fails when the header is not
 exactly what render() produces, so it cannot drift from spec.py.

@@ -5,7 +5,7 @@
 // a CPU, so their evaluation order can be checked bit for bit against
 // reference/canonical.py on machines without CANN or an NPU.  Passing here says
 // the kernels compute the canonical bits *if* the hardware behaves as modelled
-// below; it says nothing about the hardware itself (see npu/README.md for the
+// below; it says nothing about the hardware itself (see docs/ascend.md for the
 // assumptions that must be checked on a real A2).
 //
 // What is modelled, and from where (Ascend C API reference, asc-devkit docs):

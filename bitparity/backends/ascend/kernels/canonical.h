@@ -17,7 +17,7 @@
 //
 // The scalar unit finishes the halving trees below 8 lanes (a vector operand
 // cannot start 4, 2 or 1 floats into a 32-byte block).  Assumed of it, and to
-// be checked on hardware (npu/README.md): float add, compare and select are
+// be checked on hardware (docs/ascend.md): float add, compare and select are
 // IEEE binary32 with round-to-nearest-even and subnormals kept, and bisheng
 // emits no contraction (-ffp-contract=off).
 

@@ -22,12 +22,12 @@
 #define BITPARITY_TILING_H
 
 #include "canonical.h"
+#include "row_limits.h"
 
 namespace bitparity {
 
 constexpr uint32_t MIN_TILE_LANES = 128;     // 256 bytes of half: one Compares repeat for the mask
 constexpr uint32_t CHUNKS_PER_SEGMENT = SEGMENT / LANES;
-constexpr uint32_t MAX_SEGMENTS = 1024;      // rows of up to 2^24 floats: per-segment partials fit in one tile
 constexpr uint32_t RESULTS_PER_FLUSH = 1024; // per-row results are written to GM in runs of this many
 constexpr uint32_t BUFFER_NUM = 2;           // double buffering: MTE2/MTE3 overlap the vector pipe
 

@@ -1,25 +1,42 @@
-// torch_npu binding of the Ascend C kernels: torch.ops.bitparity.* on NPU (PrivateUse1) tensors.
+// torch_npu binding of the Ascend C kernels: torch.ops.bitparity_ascend.* on NPU (PrivateUse1) tensors.
 //
-// Written to CANN conventions (the asc-devkit torch.library pattern: kernels
-// launched with <<<blocks, nullptr, stream>>> on the current NPU stream) but
-// NEVER COMPILED OR RUN ON AN NPU in this project: see README.md.
+// Written to CANN's documented conventions but NEVER COMPILED BY BISHENG OR RUN
+// ON AN NPU in this project (docs/ascend.md); the tests compile its CANN 8.x
+// form against stand-ins for torch_npu and CANN.  ../CMakeLists.txt builds this
+// one file in one of two ways and generates the header it includes, bitparity_kernels.h:
+//   * CANN >= 9.1 (ASC language, bisheng): the header #includes every kernel
+//     source, so kernels and launches are one translation unit (no relocatable
+//     device code, -dc, is needed), and a launch is <<<blocks, nullptr, stream>>>.
+//   * CANN 8.x (ascendc_library): the kernels are compiled into their own
+//     library, which generates a host launcher aclrtlaunch_<kernel> per kernel;
+//     the header #includes their aclrtlaunch_<kernel>.h, this file is host C++
+//     (BITPARITY_ACLRT_LAUNCH=1), and a launch is ACLRT_LAUNCH_KERNEL(kernel)(blocks, stream, ...).
+// Both launch on the current NPU stream (Stream()).
 //
-// This file is compiled as the ASC language (bisheng).  It includes the kernel
-// sources so that kernels and launches are one translation unit: the <<<>>>
-// launches then need no cross-unit device linking (-dc).
+// One op is one schema line in TORCH_LIBRARY, one impl line in
+// TORCH_LIBRARY_IMPL and one function below; tests/backends/test_ascend_build.py
+// checks that these, the kernels' entry points, the host emulation's launches
+// (emulation/launch.cpp) and the backend's calls (../__init__.py) name the same ops.
 
-#include <torch/extension.h>
+// ATen and the op registry only: torch/extension.h would pull in Python.h, which this library never needs.
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include "torch_npu/csrc/core/npu/NPUStream.h"
-#include "kernel_operator.h"
 
-#include "../kernels/elementwise.cpp"
-#include "../kernels/gae.cpp"
-#include "../kernels/kl.cpp"
-#include "../kernels/masked.cpp"
-#include "../kernels/ppo.cpp"
-#include "../kernels/reduce.cpp"
-#include "../kernels/softmax.cpp"
+#include "bitparity_kernels.h"
+#include "row_limits.h"
+
+#if BITPARITY_ACLRT_LAUNCH
+using GmAddress = void*;
+// The generated launcher returns 0 when the launch was queued.
+#define BITPARITY_LAUNCH(kernel, blocks, ...)                                                      \
+    TORCH_CHECK(ACLRT_LAUNCH_KERNEL(kernel)(blocks, Stream(), __VA_ARGS__) == 0,                   \
+                "bitparity (ascend): launching " #kernel " failed")
+#else
+using GmAddress = GM_ADDR;
+#define BITPARITY_LAUNCH(kernel, blocks, ...) kernel<<<blocks, nullptr, Stream()>>>(__VA_ARGS__)
+#endif
 
 namespace bitparity_npu {
 
@@ -34,7 +51,7 @@ uint32_t Blocks(int64_t items) { return static_cast<uint32_t>(std::max<int64_t>(
 // after the work torch_npu has queued but not yet submitted.
 aclrtStream Stream() { return c10_npu::getCurrentNPUStream().stream(true); }
 
-GM_ADDR Gm(const at::Tensor& t) { return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr())); }
+GmAddress Gm(const at::Tensor& t) { return reinterpret_cast<GmAddress>(const_cast<void*>(t.data_ptr())); }
 
 void CheckX(const at::Tensor& x, int64_t dim)
 {
@@ -42,12 +59,11 @@ void CheckX(const at::Tensor& x, int64_t dim)
     TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == dim && x.is_contiguous(),
                 "bitparity (ascend): x must be a contiguous float32 tensor of dimension ", dim);
     TORCH_CHECK(x.numel() < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
-    TORCH_CHECK(dim == 1 || x.size(1) <= int64_t(bitparity::MAX_SEGMENTS) * bitparity::SEGMENT,
-                "bitparity (ascend): rows of at most ", int64_t(bitparity::MAX_SEGMENTS) * bitparity::SEGMENT,
-                " floats");
+    TORCH_CHECK(dim == 1 || x.size(1) <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ",
+                bitparity::MAX_ROW, " floats");
 }
 
-GM_ADDR MaskAddress(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
+GmAddress MaskAddress(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
 {
     if (!mask.has_value()) {
         return nullptr;
@@ -74,7 +90,7 @@ void CheckLike(const at::Tensor& t, const at::Tensor& x, const char* name)
                 "bitparity (ascend): ", name, " must be a contiguous float32 tensor shaped like the first, on its device");
 }
 
-GM_ADDR RequiredMask(const at::Tensor& x, const at::Tensor& mask)
+GmAddress RequiredMask(const at::Tensor& x, const at::Tensor& mask)
 {
     return MaskAddress(x, c10::optional<at::Tensor>(mask));
 }
@@ -86,8 +102,8 @@ at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    bitparity_sum<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                        mask.has_value());
+    BITPARITY_LAUNCH(bitparity_sum, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value());
     return out;
 }
 
@@ -96,8 +112,8 @@ at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mas
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    bitparity_logsumexp<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                              mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_logsumexp, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value(), Scale(scale));
     return out;
 }
 
@@ -106,8 +122,8 @@ at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& ma
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
-    bitparity_log_softmax<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                                mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_log_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value(), Scale(scale));
     return out;
 }
 
@@ -116,8 +132,8 @@ at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask,
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
-    bitparity_softmax<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                            mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value(), Scale(scale));
     return out;
 }
 
@@ -126,8 +142,8 @@ at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask,
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    bitparity_entropy<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                            mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_entropy, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value(), Scale(scale));
     return out;
 }
 
@@ -139,8 +155,8 @@ at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double
                     tokens.is_contiguous() && tokens.device() == x.device(),
                 "bitparity (ascend): tokens must be a contiguous int64 tensor [rows] on x's device");
     at::Tensor out = at::empty({rows}, x.options());
-    bitparity_token_logprobs<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), Gm(tokens), Gm(out), rows, cols,
-                                                                   Scale(scale));
+    BITPARITY_LAUNCH(bitparity_token_logprobs, Blocks(rows), Gm(x), Gm(tokens), Gm(out), rows, cols,
+                     Scale(scale));
     return out;
 }
 
@@ -149,7 +165,7 @@ at::Tensor ExpOp(const at::Tensor& x)
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
-    bitparity_exp<<<Tiles(n), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    BITPARITY_LAUNCH(bitparity_exp, Tiles(n), Gm(x), Gm(out), n);
     return out;
 }
 
@@ -158,7 +174,7 @@ at::Tensor LogOp(const at::Tensor& x)
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
-    bitparity_log<<<Tiles(n), nullptr, Stream()>>>(Gm(x), Gm(out), n);
+    BITPARITY_LAUNCH(bitparity_log, Tiles(n), Gm(x), Gm(out), n);
     return out;
 }
 
@@ -167,8 +183,8 @@ at::Tensor MaskedMeanOp(const at::Tensor& x, const c10::optional<at::Tensor>& ma
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    bitparity_masked_mean<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                                                                mask.has_value());
+    BITPARITY_LAUNCH(bitparity_masked_mean, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
+                     mask.has_value());
     return out;
 }
 
@@ -177,8 +193,8 @@ at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shif
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
-    bitparity_masked_whiten<<<Blocks(rows), nullptr, Stream()>>>(Gm(x), RequiredMask(x, mask), Gm(out), rows, cols,
-                                                                  shiftMean, unbiased, Float32(eps));
+    BITPARITY_LAUNCH(bitparity_masked_whiten, Blocks(rows), Gm(x), RequiredMask(x, mask), Gm(out), rows, cols,
+                     shiftMean, unbiased, Float32(eps));
     return out;
 }
 
@@ -190,8 +206,8 @@ at::Tensor KlPenaltyOp(const at::Tensor& logp, const at::Tensor& refLogp, int64_
     TORCH_CHECK(kind >= 0 && kind <= 3, "bitparity (ascend): kind is a KlKind code (kernels/kl.cpp)");
     at::Tensor out = at::empty_like(logp);
     const int64_t n = logp.numel();
-    bitparity_kl_penalty<<<Tiles(n), nullptr, Stream()>>>(Gm(logp), Gm(refLogp), Gm(out), n, kind, Float32(clamp),
-                                                           Float32(logRatioClamp));
+    BITPARITY_LAUNCH(bitparity_kl_penalty, Tiles(n), Gm(logp), Gm(refLogp), Gm(out), n, kind, Float32(clamp),
+                     Float32(logRatioClamp));
     return out;
 }
 
@@ -206,9 +222,9 @@ std::tuple<at::Tensor, at::Tensor> GaeOp(const at::Tensor& rewards, const at::Te
                 "bitparity (ascend): bootstrap must be a contiguous float32 tensor [rows] on rewards' device");
     at::Tensor adv = at::empty_like(rewards);
     at::Tensor ret = at::empty_like(rewards);
-    bitparity_gae<<<Blocks(rows), nullptr, Stream()>>>(Gm(rewards), Gm(values), RequiredMask(rewards, mask),
-                                                        Gm(bootstrap), Gm(adv), Gm(ret), rows, cols, Float32(gamma),
-                                                        Float32(gammaLambda), zeroMode);
+    BITPARITY_LAUNCH(bitparity_gae, Blocks(rows), Gm(rewards), Gm(values), RequiredMask(rewards, mask),
+                     Gm(bootstrap), Gm(adv), Gm(ret), rows, cols, Float32(gamma),
+                     Float32(gammaLambda), zeroMode);
     return {adv, ret};
 }
 
@@ -222,15 +238,15 @@ std::tuple<at::Tensor, at::Tensor> PpoTokenLossesOp(const at::Tensor& logp, cons
     at::Tensor loss = at::empty_like(logp);
     at::Tensor clipped = at::empty_like(logp);
     const int64_t n = logp.numel();
-    bitparity_ppo_token_losses<<<Tiles(n), nullptr, Stream()>>>(Gm(logp), Gm(oldLogp), Gm(advantages), Gm(loss),
-                                                                 Gm(clipped), n, Float32(ratioLow), Float32(ratioHigh),
-                                                                 Float32(dualClip), Float32(ratioClamp));
+    BITPARITY_LAUNCH(bitparity_ppo_token_losses, Tiles(n), Gm(logp), Gm(oldLogp), Gm(advantages), Gm(loss),
+                     Gm(clipped), n, Float32(ratioLow), Float32(ratioHigh),
+                     Float32(dualClip), Float32(ratioClamp));
     return {loss, clipped};
 }
 
 }  // namespace bitparity_npu
 
-TORCH_LIBRARY(bitparity, m)
+TORCH_LIBRARY(bitparity_ascend, m)
 {
     m.def("sum(Tensor x, Tensor? mask) -> Tensor");
     m.def("logsumexp(Tensor x, Tensor? mask, float scale) -> Tensor");
@@ -249,7 +265,7 @@ TORCH_LIBRARY(bitparity, m)
           "float dual_clip, float ratio_clamp) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(bitparity, PrivateUse1, m)
+TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
 {
     m.impl("sum", TORCH_FN(bitparity_npu::SumOp));
     m.impl("logsumexp", TORCH_FN(bitparity_npu::LogsumexpOp));

@@ -1,0 +1,19 @@
+// The row limit that the kernels are sized for and that the launching host code checks.
+//
+// Plain C++ with no Ascend C in it: the CANN 8.x build compiles the torch_npu
+// binding as host C++, which cannot include kernel_operator.h, and still checks
+// rows against this limit before a launch (npu/bitparity_npu.cpp).
+
+#ifndef BITPARITY_ROW_LIMITS_H
+#define BITPARITY_ROW_LIMITS_H
+
+#include "spec_constants.h"
+
+namespace bitparity {
+
+constexpr uint32_t MAX_SEGMENTS = 1024;                 // per-segment partials fit in one 4 KB tile
+constexpr uint32_t MAX_ROW = MAX_SEGMENTS * SEGMENT;    // 2^24 floats, which keeps float32 counts exact
+
+}  // namespace bitparity
+
+#endif  // BITPARITY_ROW_LIMITS_H
