@@ -149,7 +149,7 @@ __aicore__ inline float TreeSum(const LocalTensor<float>& acc, uint32_t width)
         AscendC::Add(acc, acc, acc[h], h);
     }
     VectorToScalarSync();
-    float lane[FLOATS_PER_BLOCK];
+    float lane[FLOATS_PER_BLOCK] = {};   // every lane read below is written first; zeroed for -Wmaybe-uninitialized
     uint32_t live = width < FLOATS_PER_BLOCK ? width : FLOATS_PER_BLOCK;
     for (uint32_t i = 0; i < live; ++i) {
         lane[i] = acc.GetValue(i);

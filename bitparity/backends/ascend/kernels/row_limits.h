@@ -1,4 +1,5 @@
-// The row limit that the kernels are sized for and that the launching host code checks.
+// The row limit that the kernels are sized for and that the launching host code checks, and the
+// philox kernel's tile, by which the host sizes that kernel's launch.
 //
 // Plain C++ with no Ascend C in it: the CANN 8.x build compiles the torch_npu
 // binding as host C++, which cannot include kernel_operator.h, and still checks
@@ -13,6 +14,7 @@ namespace bitparity {
 
 constexpr uint32_t MAX_SEGMENTS = 1024;                 // per-segment partials fit in one 4 KB tile
 constexpr uint32_t MAX_ROW = MAX_SEGMENTS * SEGMENT;    // 2^24 floats, which keeps float32 counts exact
+constexpr uint32_t PHILOX_TILE = 256;                   // counters per tile of the philox kernel: 4 KB of counter words
 
 }  // namespace bitparity
 

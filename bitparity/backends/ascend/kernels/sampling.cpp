@@ -55,7 +55,6 @@
 
 namespace bitparity {
 
-constexpr uint32_t PHILOX_TILE = 256;   // counters per tile of the philox kernel: 4 KB of counter words
 
 // Philox4x32-10 (spec 19) on the scalar unit: counter c (four words) under key (k0, k1), in place.
 __aicore__ inline void Philox4x32(uint32_t c[4], uint32_t k0, uint32_t k1)

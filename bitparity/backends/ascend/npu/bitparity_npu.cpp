@@ -244,6 +244,76 @@ std::tuple<at::Tensor, at::Tensor> PpoTokenLossesOp(const at::Tensor& logp, cons
     return {loss, clipped};
 }
 
+// A contiguous per-row parameter tensor of x's rows, dtype and device.
+void CheckRowParameter(const at::Tensor& t, const at::Tensor& x, at::ScalarType dtype, const char* name)
+{
+    TORCH_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == x.size(0) && t.is_contiguous() &&
+                    t.device() == x.device(),
+                "bitparity (ascend): ", name, " must be a contiguous ", c10::toString(dtype),
+                " tensor [rows] on x's device");
+}
+
+at::Tensor PhiloxOp(const at::Tensor& counters, const at::Tensor& keys)
+{
+    TORCH_CHECK(counters.device().type() == c10::DeviceType::PrivateUse1 && counters.scalar_type() == at::kInt &&
+                    counters.dim() == 2 && counters.size(1) == 4 && counters.is_contiguous(),
+                "bitparity (ascend): counters must be a contiguous int32 NPU tensor [n, 4] of uint32 words");
+    TORCH_CHECK(keys.scalar_type() == at::kInt && keys.dim() == 2 && keys.size(0) == counters.size(0) &&
+                    keys.size(1) == 2 && keys.is_contiguous() && keys.device() == counters.device(),
+                "bitparity (ascend): keys must be a contiguous int32 tensor [n, 2] on the counters' device");
+    TORCH_CHECK(counters.numel() < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 counter words");
+    const int64_t n = counters.size(0);
+    at::Tensor out = at::empty_like(counters);
+    BITPARITY_LAUNCH(bitparity_philox, Blocks((n + bitparity::PHILOX_TILE - 1) / bitparity::PHILOX_TILE),
+                     Gm(counters), Gm(keys), Gm(out), n);
+    return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> TopkOp(const at::Tensor& x, int64_t k)
+{
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    TORCH_CHECK(k >= 1 && k <= cols, "bitparity (ascend): k must be in [1, ", cols, "], got ", k);
+    at::Tensor values = at::empty({rows, k}, x.options());
+    at::Tensor indices = at::empty({rows, k}, x.options().dtype(at::kLong));
+    BITPARITY_LAUNCH(bitparity_topk, Blocks(rows), Gm(x), Gm(values), Gm(indices), rows, cols, k);
+    return {values, indices};
+}
+
+at::Tensor FilterLogitsOp(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK,
+                          const at::Tensor& topP, const at::Tensor& minP)
+{
+    CheckX(x, 2);
+    CheckRowParameter(scale, x, at::kFloat, "scale");
+    CheckRowParameter(topK, x, at::kLong, "top_k");
+    CheckRowParameter(topP, x, at::kFloat, "top_p");
+    CheckRowParameter(minP, x, at::kFloat, "min_p");
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_filter_logits, Blocks(rows), Gm(x), Gm(scale), Gm(topK), Gm(topP), Gm(minP),
+                     Gm(out), rows, cols);
+    return out;
+}
+
+at::Tensor SampleOp(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK, const at::Tensor& topP,
+                    const at::Tensor& minP, const at::Tensor& greedy, const at::Tensor& seeds,
+                    const at::Tensor& positions)
+{
+    CheckX(x, 2);
+    CheckRowParameter(scale, x, at::kFloat, "scale");
+    CheckRowParameter(topK, x, at::kLong, "top_k");
+    CheckRowParameter(topP, x, at::kFloat, "top_p");
+    CheckRowParameter(minP, x, at::kFloat, "min_p");
+    CheckRowParameter(greedy, x, at::kBool, "greedy");
+    CheckRowParameter(seeds, x, at::kLong, "seeds");
+    CheckRowParameter(positions, x, at::kLong, "positions");
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor tokens = at::empty({rows}, x.options().dtype(at::kLong));
+    BITPARITY_LAUNCH(bitparity_sample, Blocks(rows), Gm(x), Gm(scale), Gm(topK), Gm(topP), Gm(minP), Gm(greedy),
+                     Gm(seeds), Gm(positions), Gm(tokens), rows, cols);
+    return tokens;
+}
+
 }  // namespace bitparity_npu
 
 TORCH_LIBRARY(bitparity_ascend, m)
@@ -263,6 +333,11 @@ TORCH_LIBRARY(bitparity_ascend, m)
           "bool zero_mode) -> (Tensor, Tensor)");
     m.def("ppo_token_losses(Tensor logp, Tensor old_logp, Tensor advantages, float ratio_low, float ratio_high, "
           "float dual_clip, float ratio_clamp) -> (Tensor, Tensor)");
+    m.def("philox(Tensor counters, Tensor keys) -> Tensor");      // uint32 words held in int32 tensors
+    m.def("topk(Tensor x, int k) -> (Tensor, Tensor)");
+    m.def("filter_logits(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor");
+    m.def("sample(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p, Tensor greedy, "
+          "Tensor seeds, Tensor positions) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
@@ -280,4 +355,8 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("kl_penalty", TORCH_FN(bitparity_npu::KlPenaltyOp));
     m.impl("gae", TORCH_FN(bitparity_npu::GaeOp));
     m.impl("ppo_token_losses", TORCH_FN(bitparity_npu::PpoTokenLossesOp));
+    m.impl("philox", TORCH_FN(bitparity_npu::PhiloxOp));
+    m.impl("topk", TORCH_FN(bitparity_npu::TopkOp));
+    m.impl("filter_logits", TORCH_FN(bitparity_npu::FilterLogitsOp));
+    m.impl("sample", TORCH_FN(bitparity_npu::SampleOp));
 }
