@@ -19,6 +19,7 @@ ran.  An operation a target cannot run is reported "not run" with the reason.
 """
 
 import json
+import math
 import platform
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -77,28 +78,50 @@ class Finding:
     result: str             # "holds", "fails" or "not run"
     evidence: str
     follows: str
+    max_ulp: float = None   # div, sqrt, exp, log: the largest error on the sample, in ulps
 
 
 # -- exact host arithmetic -------------------------------------------------------
 
-def round_to_float32(q):
-    """RN(q): the binary32 value nearest the rational q, ties to even; +-inf beyond the range.
-
-    Integer arithmetic only, so it is independent of every floating-point unit.
-    """
-    if q == 0:
-        return 0.0
-    sign = -1.0 if q < 0 else 1.0
+def float32_bits(q):
+    """The bit pattern of RN(q), the binary32 value nearest the rational q, ties to even (+-inf
+    beyond the range).  Integer arithmetic only, so no floating-point unit, and no FTZ or DAZ
+    mode it may be in, takes part."""
+    sign = 0x80000000 if q < 0 else 0
     q = abs(Fraction(q))
+    if q == 0:
+        return sign
     e = q.numerator.bit_length() - q.denominator.bit_length()     # 2^(e-1) < q < 2^(e+1)
     if q < Fraction(2) ** e:
         e -= 1                                                     # 2^e <= q < 2^(e+1)
-    quantum = Fraction(2) ** (max(e, -126) - 23)                   # the spacing of binary32 at q
-    steps, rest = divmod(q / quantum, 1)
+    e = max(e, -126)                                               # below 2^-126: subnormal spacing
+    steps, rest = divmod(q / Fraction(2) ** (e - 23), 1)           # q / spacing of binary32 at q
     if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and steps % 2 == 1):
         steps += 1
-    value = steps * quantum
-    return sign * float("inf") if value >= 2**128 else sign * float(value)
+    if steps == 2**24:                                             # rounded up into the next binade
+        steps, e = 2**23, e + 1
+    if e > 127:
+        return sign | 0x7F800000
+    if steps < 2**23:                                              # subnormal (then e == -126)
+        return sign | int(steps)
+    return sign | ((e + 127) << 23) | (int(steps) - 2**23)
+
+
+def fraction_of_bits(bits):
+    """The exact value of a finite binary32 bit pattern."""
+    sign = -1 if bits & 0x80000000 else 1
+    biased, frac = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if biased == 0:
+        return sign * Fraction(frac, 2**149)
+    return sign * Fraction(2**23 + frac) * Fraction(2) ** (biased - 150)
+
+
+def round_to_float32(q):
+    """RN(q) as a Python float (every binary32 value is a normal float64)."""
+    bits = float32_bits(q)
+    if bits & 0x7FFFFFFF == 0x7F800000:
+        return -math.inf if bits & 0x80000000 else math.inf
+    return float(fraction_of_bits(bits))
 
 
 def _f32(values):
@@ -138,18 +161,20 @@ def rne_pairs():
 
 
 def subnormal_cases():
-    """{"inputs": (op, a, b, exact), "results": (...)}: each product or sum is exact in binary32.
+    """{"inputs": [(op, a bits, b bits)], "results": [...]}, each exact in binary32.
 
-    inputs: subnormal times 2^24 is a normal number (DAZ makes it 0); results: normal operands
-    whose exact product or sum is subnormal (FTZ makes it 0).
+    inputs: a subnormal times 2^24, or plus 2^-126, is a normal number (DAZ reads the subnormal
+    as 0); results: normal operands whose exact product or sum is subnormal (FTZ writes 0).
+    Bit patterns, not floats: building a subnormal float on the host would itself be flushed
+    when the host is in FTZ/DAZ mode.
     """
-    sub = _f32([2.0**-149, 3 * 2.0**-149, 2.0**-140, (2**23 - 1) * 2.0**-149, -(2.0**-130)])
-    inputs = [("mul", s, np.float32(2.0**24), float(s) * 2.0**24) for s in sub]
-    inputs += [("add", s, np.float32(2.0**-126), float(s) + 2.0**-126) for s in sub[:4]]
-    results = [("mul", np.float32(2.0**-70), np.float32(2.0**-70), 2.0**-140),
-               ("mul", np.float32(1.5 * 2.0**-100), np.float32(2.0**-40), 1.5 * 2.0**-140),
-               ("add", np.float32(1.5 * 2.0**-126), np.float32(-(2.0**-126)), 2.0**-127),
-               ("add", np.float32(2.0**-125), np.float32(-1.5 * 2.0**-126), 2.0**-127)]
+    subnormals = (0x00000001, 0x00000003, 0x00000200, 0x007FFFFF, 0x80080000)   # 2^-149 ... -(2^-130)
+    two_24, min_normal = 0x4B800000, 0x00800000
+    inputs = [("mul", s, two_24) for s in subnormals] + [("add", s, min_normal) for s in subnormals[:4]]
+    results = [("mul", 0x1C800000, 0x1C800000),          # 2^-70 * 2^-70 = 2^-140
+               ("mul", 0x0DC00000, 0x2B800000),          # 1.5 * 2^-100 * 2^-40
+               ("add", 0x00C00000, 0x80800000),          # 1.5 * 2^-126 - 2^-126 = 2^-127
+               ("add", 0x01000000, 0x80C00000)]          # 2^-125 - 1.5 * 2^-126 = 2^-127
     return {"inputs": inputs, "results": results}
 
 
@@ -187,7 +212,8 @@ def exp_log_samples():
     return x_exp, x_log.view(np.float32)
 
 
-# -- checks: each takes a platform operation on float32 numpy arrays ---------------
+# -- checks: each takes a platform operation on float32 numpy arrays and returns ----
+# -- (holds, evidence, max ulp error or None) -------------------------------------------
 
 def _same_bits(got, want):
     got = np.asarray(got, dtype=np.float32)
@@ -212,7 +238,7 @@ def check_rne(add, mul):
                          f"= {_hex(got[i])}, RN gives {_hex(want[i])}")
         else:
             lines.append(f"{a.size} {name} ({ties} exact ties) all RN")
-    return ok, "; ".join(lines)
+    return ok, "; ".join(lines), None
 
 
 def _is_tie(q):
@@ -228,15 +254,18 @@ def _is_tie(q):
 
 def check_subnormals(kind, add, mul):
     cases = subnormal_cases()[kind]
-    fns = {"add": add, "mul": mul}
-    flushed = []
-    for op, a, b, exact in cases:
-        got = fns[op](np.array([a], np.float32), np.array([b], np.float32))
-        if not _same_bits(got, [exact])[0]:
-            flushed.append(f"{_hex(a)} {'+' if op == 'add' else '*'} {_hex(b)} = {_hex(got[0])}, want {_hex(exact)}")
-    if flushed:
-        return False, f"{len(flushed)}/{len(cases)} wrong, e.g. {flushed[0]}"
-    return True, f"{len(cases)}/{len(cases)} exact"
+    fns = {"add": (add, lambda x, y: x + y), "mul": (mul, lambda x, y: x * y)}
+    wrong = []
+    for op, a, b in cases:
+        fn, exact = fns[op]
+        want = float32_bits(exact(fraction_of_bits(a), fraction_of_bits(b)))
+        got = fn(*(np.array([v], np.uint32).view(np.float32) for v in (a, b)))
+        got = int(np.asarray(got, np.float32).view(np.uint32)[0])
+        if got != want:
+            wrong.append(f"0x{a:08x} {'+' if op == 'add' else '*'} 0x{b:08x} = 0x{got:08x}, want 0x{want:08x}")
+    if wrong:
+        return False, f"{len(wrong)}/{len(cases)} wrong, e.g. {wrong[0]}", None
+    return True, f"{len(cases)}/{len(cases)} exact", None
 
 
 def check_muladd(muladd):
@@ -247,8 +276,8 @@ def check_muladd(muladd):
     n_two = int(_same_bits(got, two).sum())
     n_fused = int(_same_bits(got, fused).sum())
     if n_two == a.size:
-        return True, f"{a.size}/{a.size} triples rounded twice (fused would differ on every one)"
-    return False, f"{n_fused}/{a.size} triples fused (one rounding), {n_two} rounded twice"
+        return True, f"{a.size}/{a.size} triples rounded twice (fused would differ on every one)", None
+    return False, f"{n_fused}/{a.size} triples fused (one rounding), {n_two} rounded twice", None
 
 
 def check_correctly_rounded(got, exact64):
@@ -256,9 +285,10 @@ def check_correctly_rounded(got, exact64):
     want = exact64.astype(np.float32)
     bad = ~_same_bits(got, want)
     err = metrics.ulp_error(np.asarray(got, np.float64), exact64)
+    worst = float(err.max())
     if bad.any():
-        return False, f"{int(bad.sum())}/{got.size} not correctly rounded, max {err.max():.3g} ulp"
-    return True, f"{got.size}/{got.size} correctly rounded (max {err.max():.3g} ulp)"
+        return False, f"{int(bad.sum())}/{got.size} not correctly rounded, max {worst:.3g} ulp", worst
+    return True, f"{got.size}/{got.size} correctly rounded (max {worst:.3g} ulp)", worst
 
 
 def check_div(div):
@@ -278,7 +308,7 @@ def check_elementary(name, fn):
     worst = int(np.argmax(err))
     text = (f"max {err[worst]:.3g} ulp at x = {_hex(x[worst])}; {int((err > 0.5).sum())}/{x.size} "
             f"not correctly rounded")
-    return bool(err.max() <= 0.5), text
+    return bool(err[worst] <= 0.5), text, float(err[worst])
 
 
 # -- targets ------------------------------------------------------------------------
@@ -436,9 +466,9 @@ def probe(backend="cpu"):
                 findings.append(Finding(check, assumption, label, target.where, "not run", fn, ""))
                 continue
             with np.errstate(all="ignore"):
-                holds, evidence = _run_check(check, fn)
+                holds, evidence, max_ulp = _run_check(check, fn)
             findings.append(Finding(check, assumption, label, target.where, "holds" if holds else "fails",
-                                    evidence, if_holds if holds else if_fails))
+                                    evidence, if_holds if holds else if_fails, max_ulp))
     return findings
 
 

@@ -7,7 +7,6 @@ For each op x backend it reports:
 - time: median wall time of the op on the timing case, and its ratio to `native` on the same device.
 """
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +16,7 @@ from .. import ops
 from ..backends import availability, device_type
 from ..reference import float64
 from . import cases, metrics
+from .timing import measure
 
 SOFTMAX_OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs")
 ELEMENTWISE_OPS = ("exp", "log")
@@ -176,15 +176,8 @@ def _call(op, backend, case, device="cpu"):
     return getattr(ops, op)(*args, **case.kwargs, backend=backend)
 
 
-def _time(fn, budget_s=0.5, max_runs=7):
-    fn()                                    # warm-up: builds, caches, first-call costs
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_runs and (not times or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000.0 * float(np.median(times))
+def _time(fn, device, budget_s=0.5, max_runs=7):
+    return measure(fn, device, warmup=1, repeats=max_runs, budget_s=budget_s, min_runs=1).median_ms
 
 
 def compare(backends=None, ops_=OPS, suite="quick", seed=0, progress=None):
@@ -213,9 +206,9 @@ def compare(backends=None, ops_=OPS, suite="quick", seed=0, progress=None):
         for b in names:
             dev = _device(b)
             if dev not in native_ms:                 # native on the same device is the yardstick
-                native_ms[dev] = _time(lambda: _call(op, "native", timing, dev))
+                native_ms[dev] = _time(lambda: _call(op, "native", timing, dev), dev)
             per_backend[b].median_ms = (native_ms[dev] if b == "native"
-                                        else _time(lambda: _call(op, b, timing, dev)))
+                                        else _time(lambda: _call(op, b, timing, dev), dev))
             per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
         results.extend(per_backend.values())
     return results
