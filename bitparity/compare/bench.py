@@ -130,22 +130,25 @@ def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup
     devices = sorted({device_type(b) for b in backends})
     copy = {d: copy_bandwidth(d) for d in devices}
     rows = []
-    bar = Progress(len(plan) * (len(backends) + len(devices)), "bench") if progress else None
-    for op, shape in plan:
-        for dev in devices:
-            args, kwargs = make_call(op, shape, dev, seed)
-            fn = getattr(ops, op)
-            nbytes = _nbytes(args) + _nbytes(fn(*args, **kwargs, backend="native"))
-            native = measure(lambda: fn(*args, **kwargs, backend="native"), dev, warmup, repeats, BUDGET_S)
-            rows.append(_row(op, shape, "native", dev, native, nbytes, native.median_ms, copy[dev]))
-            if bar:
-                bar.step(f"{op} {list(shape)} native")
-            for b in (b for b in backends if device_type(b) == dev):
-                t = measure(lambda: fn(*args, **kwargs, backend=b), dev, warmup, repeats, BUDGET_S)
-                rows.append(_row(op, shape, b, dev, t, nbytes, native.median_ms, copy[dev]))
-                if bar:
-                    bar.step(f"{op} {list(shape)} {b}")
+    with Progress(len(plan) * (len(backends) + len(devices)), "bench", enabled=progress) as bar:
+        for op, shape in plan:
+            _time_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar)
     return rows
+
+
+def _time_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar):
+    """Append the native row and each backend's row of op at shape, device by device."""
+    for dev in devices:
+        args, kwargs = make_call(op, shape, dev, seed)
+        fn = getattr(ops, op)
+        nbytes = _nbytes(args) + _nbytes(fn(*args, **kwargs, backend="native"))
+        native = measure(lambda: fn(*args, **kwargs, backend="native"), dev, warmup, repeats, BUDGET_S)
+        rows.append(_row(op, shape, "native", dev, native, nbytes, native.median_ms, copy[dev]))
+        bar.step(f"{op} {list(shape)} native")
+        for b in (b for b in backends if device_type(b) == dev):
+            t = measure(lambda: fn(*args, **kwargs, backend=b), dev, warmup, repeats, BUDGET_S)
+            rows.append(_row(op, shape, b, dev, t, nbytes, native.median_ms, copy[dev]))
+            bar.step(f"{op} {list(shape)} {b}")
 
 
 HEADERS = ("op", "shape", "backend", "runs on", "median ms", "IQR ms", "min-max ms", "x native", "GB/s",

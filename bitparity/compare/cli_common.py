@@ -30,8 +30,8 @@ def add_format_args(parser):
 class Progress:
     """A plain-text progress line on stderr: `with Progress(total, label) as bar: bar.step(name)`."""
 
-    def __init__(self, total, label, stream=None):
-        self.total, self.label, self.done = total, label, 0
+    def __init__(self, total, label, enabled=True, stream=None):
+        self.total, self.label, self.done, self.enabled = total, label, 0, enabled
         self.stream = stream or sys.stderr
         self.start = time.perf_counter()
 
@@ -40,6 +40,8 @@ class Progress:
 
     def step(self, what=""):
         self.done += 1
+        if not self.enabled:
+            return
         self.stream.write(f"{self.label} {self.done}/{self.total} "
                           f"{time.perf_counter() - self.start:.0f}s {what}\n")
         self.stream.flush()

@@ -176,7 +176,7 @@ def _call(op, backend, case, device="cpu"):
     return getattr(ops, op)(*args, **case.kwargs, backend=backend)
 
 
-def _time(fn, device, budget_s=0.5, max_runs=7):
+def _time(fn, budget_s=0.5, max_runs=7, device="cpu"):
     return measure(fn, device, warmup=1, repeats=max_runs, budget_s=budget_s, min_runs=1).median_ms
 
 
@@ -206,9 +206,9 @@ def compare(backends=None, ops_=OPS, suite="quick", seed=0, progress=None):
         for b in names:
             dev = _device(b)
             if dev not in native_ms:                 # native on the same device is the yardstick
-                native_ms[dev] = _time(lambda: _call(op, "native", timing, dev), dev)
+                native_ms[dev] = _time(lambda: _call(op, "native", timing, dev))
             per_backend[b].median_ms = (native_ms[dev] if b == "native"
-                                        else _time(lambda: _call(op, b, timing, dev), dev))
+                                        else _time(lambda: _call(op, b, timing, dev)))
             per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
         results.extend(per_backend.values())
     return results
