@@ -37,14 +37,14 @@ BUDGET_S = 2.0                  # per measurement: stop repeating after this muc
 COPY_BYTES = {"cpu": 1 << 28, "cuda": 1 << 30, "npu": 1 << 30}    # bytes each side of the copy
 
 
-def _family(op):
+def family(op):
     if op in SOFTMAX_OPS:
         return "softmax"
     return "elementwise" if op in ELEMENTWISE_OPS else "rl"
 
 
 def default_shapes(op, tier):
-    return SHAPES[tier][_family(op)]
+    return SHAPES[tier][family(op)]
 
 
 def make_call(op, shape, device, seed=0):
