@@ -30,7 +30,7 @@ def _backends(_args):
     return 0
 
 
-def _emit(text, out):
+def _print_or_write(text, out):
     """Print a report, or write it to out and say so."""
     if out is None:
         print(text)
@@ -42,7 +42,7 @@ def _emit(text, out):
 
 def _probe(args):
     findings = probe.probe(args.backend)
-    _emit(probe.render(findings, args.format, args.backend), args.out)
+    _print_or_write(probe.render(findings, args.format, args.backend), args.out)
     return 0
 
 
@@ -59,7 +59,7 @@ def _add_probe_parser(sub):
 def _bench(args):
     rows = bench.run(args.backend, args.op or list(OPS), tier=tier(args), repeats=args.repeats,
                      warmup=args.warmup, progress=not args.no_progress)
-    _emit(bench.render(rows, args.format), args.out)
+    _print_or_write(bench.render(rows, args.format), args.out)
     return 0
 
 

@@ -45,7 +45,7 @@ def parser(name, backend, double_flag, double_help):
     p.add_argument("--small", action="store_true", help="small benchmark shapes (for CI and test doubles)")
     add_tier_args(p)
     p.add_argument("--out", help="folder for the JSON and Markdown results (default: $OUT, else ./%s)" % name)
-    p.add_argument("--repeats", type=int, default=20, help="timed runs per benchmark measurement")
+    p.add_argument("--repeats", type=int, help="timed runs per benchmark measurement (default: 20, 3 with --small)")
     p.set_defaults(backend=backend, name=name)
     return p
 
@@ -177,7 +177,8 @@ def run(args, has_device, missing_device):
     _step(results, "environment", _environment)
     _step(results, "verify", lambda: _verify(args.backend, tier(args)))
     _step(results, "probe", lambda: _probe(args.backend))
-    _step(results, "bench", lambda: _bench(args.backend, args.small, args.repeats))
+    repeats = args.repeats or (3 if args.small else 20)
+    _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
     where = _where(args.backend)
     status = exit_status(results)
     doc = {"name": args.name, "backend": args.backend, "where": where, "small": args.small, "tier": tier(args),
