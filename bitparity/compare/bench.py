@@ -101,7 +101,7 @@ def _row(op, shape, backend, device, t, nbytes, native_ms, copy_gbs):
             "bytes": nbytes, "gb_per_s": gbs, "copy_gb_per_s": copy_gbs, "fraction_of_copy": gbs / copy_gbs}
 
 
-def _check(backends, ops_, tier):
+def _check(backends, ops_, tier, repeats, warmup):
     if tier not in SHAPES:
         raise ValueError(f"tier must be one of {', '.join(SHAPES)}; got {tier!r}")
     for b in backends:
@@ -110,6 +110,10 @@ def _check(backends, ops_, tier):
     for op in ops_:
         if op not in OPS:
             raise ValueError(f"ops must be among {', '.join(OPS)}; got {op!r}")
+    if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
+        raise ValueError(f"repeats must be an integer >= 1; got {repeats!r}")
+    if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+        raise ValueError(f"warmup must be an integer >= 0; got {warmup!r}")
 
 
 def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup=None, progress=True, seed=0):
@@ -119,7 +123,7 @@ def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup
     for the ops it names; the others take the tier's shapes.  repeats and warmup default by tier.
     """
     backends = list(backends or [b for b in BENCH_BACKENDS if availability(b)[0]])
-    _check(backends, ops_, tier)
+    _check(backends, ops_, tier, repeats, warmup)
     for b in backends:
         available, reason = availability(b)
         if not available:

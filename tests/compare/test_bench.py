@@ -71,6 +71,10 @@ def test_bench_rejects_bad_arguments(capsys):
         bench.run(["cpu"], ["argmax"])
     with pytest.raises(ValueError, match="tier must be one of quick, full"):
         bench.run(["cpu"], ["exp"], tier="huge")
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1; got 0"):
+        bench.run(["cpu"], ["exp"], repeats=0)
+    with pytest.raises(ValueError, match="warmup must be an integer >= 0; got -1"):
+        bench.run(["cpu"], ["exp"], warmup=-1)
     with pytest.raises(SystemExit):
         main(["bench", "--op", "argmax"])
     assert "invalid choice" in capsys.readouterr().err
