@@ -1,4 +1,4 @@
-"""The `bitparity` command: compare, verify, diff, backends and demo.
+"""The `bitparity` command: compare, verify, diff, probe, bench, backends and demo.
 
 Each subcommand has its own `_add_<name>_parser(sub)` and handler, so commands are added one
 block at a time."""
@@ -11,7 +11,7 @@ import time
 from tabulate import tabulate
 
 from .backends import NAMES
-from .compare import cli_common, diff, golden, report, schema
+from .compare import bench, cli_common, diff, golden, probe, report, schema
 from .compare.run import OPS, compare
 from .spec import SPEC_VERSION
 
@@ -171,11 +171,61 @@ def _add_demo_parser(sub):
     dm.set_defaults(func=_demo)
 
 
+# -- probe and bench ------------------------------------------------------------------
+
+def _print_or_write(text, out):
+    """Print a report, or write it to out and say so."""
+    if out is None:
+        print(text)
+        return
+    with open(out, "w") as f:
+        f.write(text + "\n")
+    print(f"wrote {out}")
+
+
+def _probe(args):
+    findings = probe.probe(args.backend)
+    _print_or_write(probe.render(findings, args.format, args.backend), args.out)
+    return 0
+
+
+def _add_probe_parser(sub):
+    p = sub.add_parser("probe", help="test on a target the floating-point assumptions the spec rests on")
+    p.add_argument("--backend", choices=probe.PROBE_BACKENDS, default="cpu",
+                   help="cpu: numpy and torch; cuda: Triton (interpreter without a GPU) and torch CUDA; "
+                        "ascend: host emulation or torch_npu (default: cpu)")
+    cli_common.add_format_args(p)
+    p.add_argument("--out", help="write the report to this file instead of stdout")
+    p.set_defaults(func=_probe)
+
+
+def _bench(args):
+    rows = bench.run(args.backend, args.op or list(OPS), tier=cli_common.tier(args), repeats=args.repeats,
+                     warmup=args.warmup, progress=not args.no_progress)
+    _print_or_write(bench.render(rows, args.format), args.out)
+    return 0
+
+
+def _add_bench_parser(sub):
+    p = sub.add_parser("bench", help="time each op against torch's native op and the copy bandwidth")
+    p.add_argument("--backend", action="append", choices=bench.BENCH_BACKENDS,
+                   help="backends to time (repeatable; default: all available)")
+    p.add_argument("--op", action="append", choices=OPS, help="ops to time (repeatable; default: all)")
+    cli_common.add_tier_args(p)
+    cli_common.add_format_args(p)
+    p.add_argument("--repeats", type=int, help="timed runs per measurement (default: by tier)")
+    p.add_argument("--warmup", type=int, help="untimed runs first (default: by tier)")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--out", help="write the report to this file instead of stdout")
+    p.set_defaults(func=_bench)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="bitparity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_compare_parser, _add_verify_parser, _add_diff_parser, _add_backends_parser, _add_demo_parser):
+    for add in (_add_compare_parser, _add_verify_parser, _add_diff_parser, _add_probe_parser, _add_bench_parser,
+                _add_backends_parser, _add_demo_parser):
         add(sub)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -9,7 +9,6 @@ For each op x backend it reports:
 For each case it records every backend's output digest (golden.digest), the unit `bitparity diff` compares.
 """
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +20,7 @@ from ..reference import float64
 from . import cases, golden, metrics
 from .cases import ELEMENTWISE_OPS, RL_OPS, ROW_SHAPES, SOFTMAX_OPS  # noqa: F401 - ROW_SHAPES is used by tests
 from .cli_common import Progress
+from .timing import measure
 
 OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS
 LOG_SPACE = ("logsumexp", "log_softmax", "token_logprobs")
@@ -159,15 +159,9 @@ def reference(op, args, kwargs):
 
 # -- running ----------------------------------------------------------------------
 
-def _time(fn, budget_s=0.5, max_runs=7):
-    fn()                                    # warm-up: builds, caches, first-call costs
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_runs and (not times or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000.0 * float(np.median(times))
+def _time(fn, budget_s=0.5, max_runs=7, device="cpu"):
+    """Median ms of fn on device (timing.measure: device events on a GPU or NPU, perf_counter on the CPU)."""
+    return measure(fn, device, warmup=1, repeats=max_runs, budget_s=budget_s, min_runs=1).median_ms
 
 
 def _measure(r, got, canonical, ref, floor):
@@ -191,8 +185,10 @@ def _time_op(op, names, tier, seed, per_backend):
         dev = cases.backend_device(b)
         if dev not in native_ms:                 # native on the same device is the yardstick
             native_inputs = (tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in inputs[0]), inputs[1])
-            native_ms[dev] = _time(lambda: getattr(ops, op)(*native_inputs[0], **native_inputs[1], backend="native"))
-        per_backend[b].median_ms = native_ms[dev] if b == "native" else _time(lambda: timing.run(b, inputs))
+            native_ms[dev] = _time(lambda: getattr(ops, op)(*native_inputs[0], **native_inputs[1], backend="native"),
+                                   device=dev)
+        per_backend[b].median_ms = (native_ms[dev] if b == "native"
+                                    else _time(lambda: timing.run(b, inputs), device=dev))
         per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
 
 

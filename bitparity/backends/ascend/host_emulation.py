@@ -244,3 +244,24 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions, blocks=None)
                              top_p.data_ptr(), min_p.data_ptr(), greedy.data_ptr(), seeds.data_ptr(),
                              positions.data_ptr(), tokens.data_ptr(), rows, cols))
     return tokens
+
+
+PROBE_SOURCE = HERE / "probe" / "probe.cpp"
+PROBE_OPS = {"add": 0, "mul": 1}      # probe.cpp's ProbeOp codes
+_probe_library = []
+
+
+def probe_binary(op, a, b):
+    """out = a op b by one Add or Mul instruction per element (probe/probe.cpp), for bitparity probe."""
+    with _lock:
+        if not _probe_library:
+            lib = ctypes.CDLL(str(build("bitparity_ascend_probe", [PROBE_SOURCE])))
+            lib.bp_probe.argtypes, lib.bp_probe.restype = [_P, _P, _P, _U32, _U32], _INT
+            lib.bp_emulation_last_error.restype = ctypes.c_char_p
+            _probe_library.append(lib)
+    lib = _probe_library[0]
+    a = torch.as_tensor(a, dtype=torch.float32).contiguous()
+    b = torch.as_tensor(b, dtype=torch.float32).contiguous()
+    out = torch.empty_like(a)
+    check(lib, lib.bp_probe(a.data_ptr(), b.data_ptr(), out.data_ptr(), _flat_count(a), PROBE_OPS[op]))
+    return out

@@ -1,0 +1,192 @@
+"""One prepared run on real hardware: golden digests, platform probe and benchmark, written to a folder.
+
+scripts/gpu_check.py runs it for the `cuda` backend and scripts/npu_check.py for `ascend`.  The steps,
+in order:
+
+1. verify: every case of the conformance suite on the backend, digests against the goldens
+   (golden.verify); mismatches are printed with their max ulp and first differing index;
+2. probe: the platform assumptions of the spec, on the backend's device (compare/probe.py);
+3. bench: every op against torch's native op and the device's copy bandwidth (compare/bench.py),
+   with the issue's targets checked;
+4. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
+
+Each step is run on its own: one that raises is recorded with its traceback and the others still
+run and are written.  Exit status: 0 when every step ran and every digest matched; 1 when a digest
+mismatched or verify could not run; 2 when every digest matched but another step failed.
+
+Without the hardware the same run works on the CPU through the backend's test double (the Triton
+interpreter, the Ascend C host emulation), with --small shapes: CI runs it that way so that it
+cannot rot.  Those numbers say nothing about a GPU or an NPU, and the report says so.
+"""
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from .cli_common import add_tier_args, tier
+
+SOFTMAX_SHAPES = ((64, 151936), (4096, 32000))
+SHAPES = {
+    "hardware": {"softmax": SOFTMAX_SHAPES, "elementwise": ((1 << 24,),), "rl": ((256, 4096), (4096, 512))},
+    "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),)},
+}
+MEMORY_BOUND = ("logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "gae")
+TARGET_COPY_FRACTION = 0.8        # memory-bound ops: at least 80% of the measured copy bandwidth
+TARGET_NATIVE_RATIO = 1.0         # log_softmax and token_logprobs: no slower than torch's op
+TARGET_GAE_SPEEDUP = 50.0         # GAE against the Python loop (the native backend)
+
+
+def parser(name, backend, double_flag, double_help):
+    p = argparse.ArgumentParser(prog=name, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(double_flag, dest="test_double", action="store_true", help=double_help)
+    p.add_argument("--small", action="store_true", help="small benchmark shapes (for CI and test doubles)")
+    add_tier_args(p)
+    p.add_argument("--out", help="folder for the JSON and Markdown results (default: $OUT, else ./%s)" % name)
+    p.add_argument("--repeats", type=int, help="timed runs per benchmark measurement (default: 20, 3 with --small)")
+    p.set_defaults(backend=backend, name=name)
+    return p
+
+
+def bench_shapes(small):
+    from .bench import family
+    from .run import OPS
+    sizes = SHAPES["small" if small else "hardware"]
+    return {op: sizes[family(op)] for op in OPS}
+
+
+def targets(rows):
+    """The issue's performance targets against the bench rows: (target, measured, met) tuples."""
+    found = []
+    for r in rows:
+        if r["backend"] == "native":
+            continue
+        shape = "x".join(map(str, r["shape"]))
+        if r["op"] in MEMORY_BOUND:
+            found.append((f"{r['op']} {shape}: >= {TARGET_COPY_FRACTION:.0%} of copy bandwidth",
+                          f"{r['fraction_of_copy']:.1%}", r["fraction_of_copy"] >= TARGET_COPY_FRACTION))
+        if r["op"] in ("log_softmax", "token_logprobs"):
+            found.append((f"{r['op']} {shape}: <= {TARGET_NATIVE_RATIO}x torch's time",
+                          f"{r['ratio_to_native']:.2f}x", r["ratio_to_native"] <= TARGET_NATIVE_RATIO))
+        if r["op"] == "gae":
+            speedup = 1.0 / r["ratio_to_native"]
+            found.append((f"gae {shape}: >= {TARGET_GAE_SPEEDUP:.0f}x the Python loop", f"{speedup:.1f}x",
+                          speedup >= TARGET_GAE_SPEEDUP))
+    return found
+
+
+def _step(results, name, fn):
+    """Run one step; record its value, or its traceback if it raises."""
+    start = time.perf_counter()
+    print(f"== {name}", flush=True)
+    try:
+        results[name] = {"status": "ok", "value": fn()}
+    except Exception:                                # a failed step must not stop the others
+        results[name] = {"status": "error", "error": traceback.format_exc()}
+        print(results[name]["error"], flush=True)
+    results[name]["seconds"] = time.perf_counter() - start
+
+
+def _verify(backend, tier_):
+    from . import golden
+    rows = golden.verify(backend, tier_)
+    for r in rows:
+        if not r["match"]:
+            print(f"MISMATCH {r['name']} ({r['op']}): max ulp {r['max_ulp']}, first diff at {r['first_diff']}")
+    print(f"{sum(r['match'] for r in rows)}/{len(rows)} cases match the golden digests", flush=True)
+    return rows
+
+
+def _probe(backend):
+    from dataclasses import asdict
+
+    from . import probe
+    findings = probe.probe(backend)
+    print(probe.render(findings, "table", backend), flush=True)
+    return [asdict(f) for f in findings]
+
+
+def _bench(backend, small, repeats):
+    from . import bench
+    from .run import OPS
+    rows = bench.run([backend], list(OPS), shapes=bench_shapes(small), tier="full", repeats=repeats)
+    print(bench.render(rows, "table"), flush=True)
+    return rows
+
+
+def _environment():
+    from . import report
+    return {"packages": report.packages(), "device": report.device(), "machine": report.machine()}
+
+
+def _markdown(name, backend, where, test_double, results):
+    lines = [f"# {name}: the `{backend}` backend", "", f"Ran on: {where}.", ""]
+    env = results["environment"]
+    if env["status"] == "ok":
+        lines += ["```", json.dumps(env["value"], indent=1), "```", ""]
+    verify = results["verify"]
+    lines += ["## 1. Golden digests", ""]
+    if verify["status"] == "ok":
+        rows = verify["value"]
+        bad = [r for r in rows if not r["match"]]
+        lines += [f"{len(rows) - len(bad)}/{len(rows)} cases match.", ""]
+        if bad:
+            lines += ["| case | op | max ulp | first diff |", "| --- | --- | --- | --- |"]
+            lines += [f"| {r['name']} | {r['op']} | {r['max_ulp']} | {r['first_diff']} |" for r in bad]
+            lines.append("")
+    else:
+        lines += ["Did not run: see the failed step below.", ""]
+    from . import bench, probe
+    if results["probe"]["status"] == "ok":
+        findings = [probe.Finding(**f) for f in results["probe"]["value"]]
+        lines += ["## 2. Probe", "", probe.render(findings, "markdown", backend), ""]
+    if results["bench"]["status"] == "ok":
+        rows = results["bench"]["value"]
+        lines += ["## 3. Benchmark", "", bench.render(rows, "markdown"), "", "### Targets", ""]
+        if test_double:
+            lines += ["The targets are for the hardware; this run timed a test double on the CPU, so they are "
+                      "listed only to keep the check exercised.", ""]
+        lines += ["| target | measured | met |", "| --- | --- | --- |"]
+        lines += [f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in targets(rows)]
+        lines.append("")
+    failed = [k for k, v in results.items() if v["status"] == "error"]
+    for k in failed:
+        lines += [f"## Step `{k}` failed", "", "```", results[k]["error"].rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _where(backend):
+    from ..backends import availability
+    available, reason = availability(backend)
+    return reason if available else f"unavailable: {reason}"
+
+
+def exit_status(results):
+    verify = results["verify"]
+    if verify["status"] != "ok" or not all(r["match"] for r in verify["value"]):
+        return 1
+    return 2 if any(v["status"] != "ok" for v in results.values()) else 0
+
+
+def run(args, has_device, missing_device):
+    """Run the steps for parsed args; has_device: whether the real device is here."""
+    if not has_device and not args.test_double:
+        raise SystemExit(f"{args.name}: {missing_device}")
+    out = Path(args.out or os.environ.get("OUT") or args.name)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    _step(results, "environment", _environment)
+    _step(results, "verify", lambda: _verify(args.backend, tier(args)))
+    _step(results, "probe", lambda: _probe(args.backend))
+    repeats = args.repeats or (3 if args.small else 20)
+    _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
+    where = _where(args.backend)
+    status = exit_status(results)
+    doc = {"name": args.name, "backend": args.backend, "where": where, "small": args.small, "tier": tier(args),
+           "exit_status": status, "steps": results}
+    (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / f"{args.name}.md").write_text(_markdown(args.name, args.backend, where, args.test_double, results))
+    print(f"wrote {out / args.name}.json and .md; exit status {status}", flush=True)
+    return status

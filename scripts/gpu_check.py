@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""The prepared GPU check (issue 7): golden digests, platform probe and benchmark of the `cuda` backend.
+
+On a machine with an NVIDIA GPU, torch with CUDA and triton (about 8 minutes on an H200):
+    python scripts/gpu_check.py [--out DIR]
+Without a GPU, as CI runs it (the Triton interpreter on the CPU; says nothing about a GPU):
+    python scripts/gpu_check.py --interpret --small
+The steps, the files written and the exit status are described in bitparity/compare/device_check.py.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # the checkout, installed or not
+
+from bitparity.compare import device_check  # noqa: E402 - after the path; imports no backend
+
+
+def main(argv=None):
+    args = device_check.parser("gpu-check", "cuda", "--interpret",
+                               "run the Triton kernels in the interpreter on the CPU (without a GPU)").parse_args(argv)
+    if args.test_double:
+        # triton.jit chooses between compiling and interpreting when it decorates a kernel,
+        # so the choice must be in the environment before the cuda backend is imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    return device_check.run(args, torch.cuda.is_available(),
+                            "no GPU here (torch.cuda.is_available() is False); --interpret runs the Triton "
+                            "interpreter on the CPU instead")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""scripts/gpu_check.py and scripts/npu_check.py: run end to end on this CPU through the backends'
+test doubles, as CI runs them, so that the prepared hardware runs cannot rot."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bitparity.compare import device_check
+from bitparity.compare.run import OPS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_script(script, flag, out):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), flag, "--small", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _check_document(doc, md, where, bench_where):
+    assert all(step["status"] == "ok" for step in doc["steps"].values()), doc["steps"]
+    verified = doc["steps"]["verify"]["value"]
+    assert all(r["match"] for r in verified) and {r["op"] for r in verified} == set(OPS)
+    assert all(where in f["where"] for f in doc["steps"]["probe"]["value"])
+    bench = doc["steps"]["bench"]["value"]
+    assert {(r["op"], r["backend"]) for r in bench} == {(op, b) for op in OPS for b in ("native", doc["backend"])}
+    assert {r["where"] for r in bench if r["backend"] != "native"} == {bench_where}
+    assert f"{len(verified)}/{len(verified)} cases match." in md
+    assert "## 2. Probe" in md and "## 3. Benchmark" in md and "### Targets" in md
+
+
+def test_gpu_check_interpret_small_runs_end_to_end(tmp_path):
+    proc = _run_script("gpu_check.py", "--interpret", tmp_path)
+    assert "exit status 0" in proc.stdout
+    doc = json.loads((tmp_path / "gpu-check.json").read_text())
+    _check_document(doc, (tmp_path / "gpu-check.md").read_text(), "Triton interpreter", "Triton interpreter (CPU)")
+
+
+def test_npu_check_emulation_small_runs_end_to_end(tmp_path):
+    _run_script("npu_check.py", "--emulation", tmp_path)
+    doc = json.loads((tmp_path / "npu-check.json").read_text())
+    _check_document(doc, (tmp_path / "npu-check.md").read_text(), "host emulation", "host emulation (CPU)")
+
+
+def test_gpu_check_without_a_gpu_asks_for_the_interpreter(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    with pytest.raises(SystemExit, match="no GPU here .* --interpret runs the Triton interpreter"):
+        gpu_check.main(["--out", str(tmp_path)])
+
+
+def _steps(verify_rows=None, failed=()):
+    steps = {name: {"status": "ok", "value": []} for name in ("environment", "probe", "bench")}
+    steps["verify"] = ({"status": "error", "error": "Traceback"} if verify_rows is None
+                       else {"status": "ok", "value": verify_rows})
+    for name in failed:
+        steps[name] = {"status": "error", "error": "Traceback"}
+    return steps
+
+
+def test_exit_status_says_whether_every_digest_matched():
+    match = {"name": "a", "op": "exp", "match": True, "max_ulp": None, "first_diff": None}
+    corrupted = dict(match, name="b", match=False, max_ulp=1.0, first_diff=7)
+    assert device_check.exit_status(_steps([match])) == 0
+    assert device_check.exit_status(_steps([match, corrupted])) == 1
+    assert device_check.exit_status(_steps(None)) == 1
+    assert device_check.exit_status(_steps([match], failed=("probe",))) == 2
+
+
+def test_targets_against_the_issue():
+    def row(op, backend, ratio, fraction):
+        return {"op": op, "shape": [64, 151936], "backend": backend, "ratio_to_native": ratio,
+                "fraction_of_copy": fraction}
+    found = device_check.targets([row("log_softmax", "native", 1.0, 0.9), row("log_softmax", "cuda", 0.9, 0.85),
+                                  row("gae", "cuda", 1 / 40, 0.5)])
+    assert [(t.split(":")[0], ok) for t, _, ok in found] == [
+        ("log_softmax 64x151936", True), ("log_softmax 64x151936", True),
+        ("gae 64x151936", False), ("gae 64x151936", False)]
