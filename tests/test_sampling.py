@@ -158,6 +158,12 @@ def test_per_row_temperature_equals_per_row_scalar_calls():
                 assert _bits_equal(per_row[op.__name__][i, j], op(x[i, j], temperature=t, backend="numpy")), op
 
 
+def test_temperature_that_rounds_to_float32_infinity_is_rejected():
+    """1e39 is finite but RN32(1e39) = inf, whose reciprocal 0 would zero every logit."""
+    with pytest.raises(ValueError, match="temperature must lie in float32's normal range"):
+        bp.log_softmax(X, temperature=1e39)
+
+
 def test_per_row_temperature_rejects_bad_tensors():
     with pytest.raises(ValueError, match=r"temperature must be a scalar or a tensor of shape \(3,\)"):
         bp.log_softmax(X, temperature=torch.ones(7))
@@ -226,6 +232,22 @@ def test_logprobs_are_the_stated_compositions(kind):
         want = bp.token_logprobs(x[ok], tokens[ok], backend="numpy")
     assert _bits_equal(logprobs[ok], want)
     assert torch.equal(tokens[1], x[1].argmax())                       # greedy: the first maximum
+
+
+def test_a_logit_that_overflows_under_temperature_gives_token_minus_one_and_nan():
+    x = torch.tensor([[3e38, 0.0], [1.0, 0.0]])
+    tokens, logprobs = bp.sample(x, SEEDS[:2], POS[:2], temperature=0.5, logprobs="raw", backend="numpy")
+    assert tokens[0] == -1 and logprobs[0].isnan()            # w = 6e38 rounds to +inf: no distribution
+    assert tokens[1] >= 0 and logprobs[1] < 0
+
+
+def test_native_filter_is_the_same_rule_away_from_ties():
+    """The native backend (vLLM's sort + cumsum) keeps the canonical set on random rows: the baseline
+    differs in arithmetic and noise, not in the rule."""
+    x = _grid_logits(4, 500, 9)
+    native = bp.filter_logits(x, backend="native", **PER_ROW)
+    canonical_out = bp.filter_logits(x, backend="numpy", **PER_ROW)
+    assert torch.equal(native > float("-inf"), canonical_out > float("-inf"))
 
 
 def test_sampled_token_is_the_reference_race():

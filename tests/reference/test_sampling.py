@@ -49,7 +49,8 @@ def _chi_square_p(counts, probs):
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-@pytest.fixture(scope="module", params=implementing("sample", ("numpy", "cpu")))
+# native (vLLM's sort-based sampler with torch's generator) is drawn too: the baseline follows the same rule.
+@pytest.fixture(scope="module", params=[*implementing("sample", ("numpy", "cpu")), "native"])
 def counts(request):
     return _draw_counts(request.param)
 
