@@ -8,10 +8,10 @@ Run: python benchmarks/bench_sample.py
 """
 
 import platform
-import time
 
 import numpy as np
 import torch
+from bench_gae import median_ms          # the same timing loop (this script's folder is on sys.path)
 from tabulate import tabulate
 
 import bitparity as bp
@@ -19,16 +19,6 @@ from bitparity.backends import _module
 
 ROWS, VOCAB = 64, 151936
 PARAMS = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
-
-
-def median_ms(fn, runs=5):
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
 
 
 def main():

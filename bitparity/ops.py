@@ -115,20 +115,25 @@ def entropy(logits, mask=None, temperature=1.0, *, backend=None):
     return _softmax_family("entropy", logits, mask, temperature, backend).reshape(logits.shape[:-1])
 
 
+def _check_index_tensor(name, t, shape_name, shape, device):
+    """An int64 tensor of the given shape on the given device (the logits')."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype int64; got {type(t).__name__}")
+    if t.dtype != torch.int64:
+        raise TypeError(f"{name} must have dtype torch.int64; got {t.dtype}")
+    if t.shape != shape:
+        raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}; got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on logits' device, {device}; got {t.device}")
+    return t.contiguous()
+
+
 def token_logprobs(logits, tokens, temperature=1.0, *, backend=None):
     """log_softmax(logits / temperature) at each chosen token: logits [..., V], tokens int64 [...] -> [...].
 
     temperature is a scalar or a tensor of shape tokens.shape (one per row)."""
     _check_float_tensor("logits", logits, 1)
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor of dtype int64; got {type(tokens).__name__}")
-    if tokens.dtype != torch.int64:
-        raise TypeError(f"tokens must have dtype torch.int64; got {tokens.dtype}")
-    if tokens.shape != logits.shape[:-1]:
-        raise ValueError(f"tokens must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])}; "
-                         f"got {tuple(tokens.shape)}")
-    if tokens.device != logits.device:
-        raise ValueError(f"tokens must be on logits' device, {logits.device}; got {tokens.device}")
+    _check_index_tensor("tokens", tokens, "logits.shape[:-1]", logits.shape[:-1], logits.device)
     vocab = logits.shape[-1]
     flat = tokens.reshape(-1).contiguous()
     low, high = int(flat.min()), int(flat.max())
@@ -343,7 +348,7 @@ def _row_values(name, value, x, integer):
             raise ValueError(f"{name} must be a scalar or a tensor of shape {tuple(x.shape[:-1])} (one per row); "
                              f"got shape {tuple(value.shape)}")
         if value.device != x.device:
-            raise ValueError(f"{name} must be on the logits' device, {x.device}; got {value.device}")
+            raise ValueError(f"{name} must be on logits' device, {x.device}; got {value.device}")
         return value.detach().reshape(-1).cpu().numpy().astype(np.int64 if integer else np.float64)
     wanted = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, wanted):
@@ -387,16 +392,6 @@ def _filter_params(x, top_k, top_p, min_p):
     return tuple(torch.from_numpy(a).to(x.device) for a in (k, p32, m.astype(np.float32)))
 
 
-def _check_index_tensor(name, t, like_name, shape, device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype int64; got {type(t).__name__}")
-    if t.dtype != torch.int64:
-        raise TypeError(f"{name} must have dtype torch.int64; got {t.dtype}")
-    if t.shape != shape:
-        raise ValueError(f"{name} must have shape {tuple(shape)} ({like_name}); got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on the logits' device, {device}; got {t.device}")
-    return t.contiguous()
 
 
 def _positive_int(name, value, high=None, why=""):
@@ -446,8 +441,8 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [B, V]; got {tuple(logits.shape)}")
     batch = logits.shape[:1]
-    seeds = _check_index_tensor("seeds", seeds, "[B], one per row of logits", batch, logits.device)
-    positions = _check_index_tensor("positions", positions, "[B], one per row of logits", batch, logits.device)
+    seeds = _check_index_tensor("seeds", seeds, "[B]", batch, logits.device)
+    positions = _check_index_tensor("positions", positions, "[B]", batch, logits.device)
     if bool((positions < 0).any()):
         raise ValueError(f"positions must be >= 0; got {int(positions.min())}")
     _check_choice("logprobs", logprobs, LOGPROB_KINDS)
@@ -482,7 +477,7 @@ def _length_factors(lengths, length_penalty, beam_scores):
             raise ValueError("length_penalty needs lengths (the length each beam's candidates have); "
                              f"got length_penalty={length_penalty} and lengths=None")
         return None
-    _check_index_tensor("lengths", lengths, "beam_scores' shape", beam_scores.shape, beam_scores.device)
+    _check_index_tensor("lengths", lengths, "beam_scores.shape", beam_scores.shape, beam_scores.device)
     n = lengths.cpu().numpy()
     _reject("lengths", n, n >= 1, ">= 1")
     factor = length_factor(n, length_penalty)

@@ -49,7 +49,7 @@ def _bits_equal(a, b):
     ({"temperature": 1e-40}, ValueError, "temperature must be in float32's normal range"),
     ({"temperature": 1e39}, ValueError, "temperature must be in float32's normal range"),
     ({"temperature": torch.tensor([1.0, -0.5, 1.0])}, ValueError, "temperature must be finite.*got -0.5"),
-    ({"temperature": torch.tensor([1.0, 1.0, 1.0], device="meta")}, ValueError, "temperature must be on the logits' device"),
+    ({"temperature": torch.tensor([1.0, 1.0, 1.0], device="meta")}, ValueError, "temperature must be on logits' device"),
 ])
 def test_filter_and_sample_reject_bad_parameters(call, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -74,11 +74,11 @@ def test_sample_rejects_bad_seeds_and_positions(name):
         call([1, 2, 3])
     with pytest.raises(TypeError, match=f"{name} must have dtype torch.int64; got torch.int32"):
         call(torch.tensor([1, 2, 3], dtype=torch.int32))
-    with pytest.raises(ValueError, match=rf"{name} must have shape \(3,\) \(\[B\], one per row of logits\); got \(2,\)"):
+    with pytest.raises(ValueError, match=rf"{name} must have shape \[B\] = \(3,\); got \(2,\)"):
         call(torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match=rf"{name} must have shape \(3,\)"):
+    with pytest.raises(ValueError, match=rf"{name} must have shape \[B\] = \(3,\); got \(1, 3\)"):
         call(torch.tensor([[1, 2, 3]]))
-    with pytest.raises(ValueError, match=f"{name} must be on the logits' device"):
+    with pytest.raises(ValueError, match=f"{name} must be on logits' device"):
         call(torch.tensor([1, 2, 3], device="meta"))
 
 
@@ -125,7 +125,7 @@ S, L = torch.zeros(2, 3), torch.randn(2, 3, 5)
     (lambda: bp.beam_search_step(S, L.double(), 2), TypeError, "logits must be float32"),
     (lambda: bp.beam_search_step(S[:, :0], L[:, :0], 2), ValueError, "logits must not be empty"),
     (lambda: bp.beam_search_step(S, L, 2, lengths=torch.ones(2, 2, dtype=torch.int64)), ValueError,
-     r"lengths must have shape \(2, 3\)"),
+     r"lengths must have shape beam_scores.shape = \(2, 3\)"),
     (lambda: bp.beam_search_step(S, L, 2, lengths=torch.ones(2, 3)), TypeError, "lengths must have dtype torch.int64"),
     (lambda: bp.beam_search_step(S, L, 2, lengths=torch.zeros(2, 3, dtype=torch.int64)), ValueError, "lengths must be >= 1"),
     (lambda: bp.beam_search_step(S, L, 2, length_penalty=2.0), ValueError, "length_penalty needs lengths"),
@@ -165,8 +165,9 @@ def test_temperature_that_rounds_to_float32_infinity_is_rejected():
 
 
 def test_per_row_temperature_rejects_bad_tensors():
-    with pytest.raises(ValueError, match=r"temperature must be a scalar or a tensor of shape \(3,\)"):
-        bp.log_softmax(X, temperature=torch.ones(7))
+    for wrong in (torch.ones(7), torch.tensor(1.0)):                # a tensor is one value per row
+        with pytest.raises(ValueError, match=r"temperature must be a scalar or a tensor of shape \(3,\)"):
+            bp.log_softmax(X, temperature=wrong)
     with pytest.raises(ValueError, match="temperature must be finite and > 0; got 0.0"):
         bp.token_logprobs(X, torch.zeros(3, dtype=torch.int64), temperature=torch.tensor([1.0, 0.0, 2.0]))
     with pytest.raises(TypeError, match="temperature must be a floating-point tensor"):
