@@ -13,9 +13,6 @@ import torch
 
 from . import ops
 
-EARLY_STOPPING = (True, False, "never")
-
-
 class BeamSearchOutput(NamedTuple):
     sequences: torch.Tensor     # int64 [B, num_beams, L]: prompt and generated tokens, best first, padded with EOS
     scores: torch.Tensor        # float32 [B, num_beams]: sum of log-probs * RN32(generated ** -length_penalty)

@@ -392,8 +392,6 @@ def _filter_params(x, top_k, top_p, min_p):
     return tuple(torch.from_numpy(a).to(x.device) for a in (k, p32, m.astype(np.float32)))
 
 
-
-
 def _positive_int(name, value, high=None, why=""):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer; got {type(value).__name__}")
@@ -499,7 +497,7 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
     _check_float_tensor("logits", logits, 2)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have shape [W, V] or [B, W, V]; got {tuple(logits.shape)}")
-    _check_same_shape_prefix(beam_scores, logits)
+    _check_beam_scores(beam_scores, logits)
     width, vocab = logits.shape[-2:]
     beam_width = _positive_int("beam_width", beam_width, vocab, " (the vocabulary size V)")
     factor = _length_factors(lengths, length_penalty, beam_scores)
@@ -512,7 +510,7 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
     return scores.reshape(shape), (flat // vocab).reshape(shape), (flat % vocab).reshape(shape)
 
 
-def _check_same_shape_prefix(beam_scores, logits):
+def _check_beam_scores(beam_scores, logits):
     _check_float_tensor("beam_scores", beam_scores, 1)
     if beam_scores.shape != logits.shape[:-1]:
         raise ValueError(f"beam_scores must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])}; "
