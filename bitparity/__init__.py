@@ -7,12 +7,14 @@ the baseline for comparison.
 """
 
 from .backends import backends, current_backend, use_backend
-from .ops import (entropy, exp, gae, kl_penalty, log, log_softmax, logsumexp, masked_mean, masked_whiten,
-                  ppo_policy_loss, softmax, sum, token_logprobs)
+from .beam import BeamSearchOutput, beam_search
+from .ops import (beam_search_step, entropy, exp, filter_logits, gae, kl_penalty, log, log_softmax, logsumexp,
+                  masked_mean, masked_whiten, ppo_policy_loss, sample, softmax, sum, token_logprobs, topk)
 from .spec import SPEC_VERSION
 
 __all__ = [
     "SPEC_VERSION", "backends", "current_backend", "use_backend",
     "sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
     "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss",
+    "topk", "filter_logits", "sample", "beam_search_step", "beam_search", "BeamSearchOutput",
 ]

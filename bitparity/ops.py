@@ -49,10 +49,10 @@ def inverse_temperature(temperature):
     temperature = float(temperature)
     if not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"temperature must be finite and > 0; got {temperature}")
-    t32 = np.float32(temperature)
     with np.errstate(over="ignore", divide="ignore"):
+        t32 = np.float32(temperature)
         scale = np.float32(1.0) / t32
-    if t32 < np.finfo(np.float32).tiny or not np.isfinite(scale):
+    if not np.finfo(np.float32).tiny <= t32 < np.inf or not np.isfinite(scale):
         raise ValueError(f"temperature must lie in float32's normal range so that 1/temperature is finite; "
                          f"got {temperature}")
     return float(scale)
@@ -74,15 +74,29 @@ def sum(x, mask=None, *, backend=None):  # noqa: A001 - mirrors torch.sum
     return _call("sum", backend, _rows(x), rows_mask).reshape(x.shape[:-1])
 
 
+def _scaled_rows(x, temperature):
+    """(rows, scale) for a backend call: a scalar temperature goes to the backend as its scale; a per-row
+    temperature tensor is applied here as one float32 multiply w = x * scale_row (the multiply every
+    backend performs, spec 8.1), and the backend gets scale 1.0, which leaves w unchanged."""
+    rows = _rows(x)
+    if not isinstance(temperature, torch.Tensor):
+        return rows, inverse_temperature(temperature)
+    scale, _ = _row_scales(temperature, x, allow_zero=False)
+    return rows * scale[:, None], 1.0
+
+
 def _softmax_family(op, x, mask, temperature, backend):
     _check_float_tensor("x", x, 1)
     rows_mask = _check_mask(mask, x)
-    scale = inverse_temperature(temperature)
-    return _call(op, backend, _rows(x), rows_mask, scale)
+    rows, scale = _scaled_rows(x, temperature)
+    return _call(op, backend, rows, rows_mask, scale)
 
 
 def logsumexp(x, mask=None, temperature=1.0, *, backend=None):
-    """log(sum(exp(x / temperature))) over the last dimension; -inf for a fully masked row."""
+    """log(sum(exp(x / temperature))) over the last dimension; -inf for a fully masked row.
+
+    In this op and the rest of the softmax family, temperature is a scalar or a tensor of shape
+    x.shape[:-1] (one per row)."""
     return _softmax_family("logsumexp", x, mask, temperature, backend).reshape(x.shape[:-1])
 
 
@@ -101,26 +115,33 @@ def entropy(logits, mask=None, temperature=1.0, *, backend=None):
     return _softmax_family("entropy", logits, mask, temperature, backend).reshape(logits.shape[:-1])
 
 
+def _check_index_tensor(name, t, shape_name, shape, device):
+    """An int64 tensor of the given shape on the given device (the logits')."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype int64; got {type(t).__name__}")
+    if t.dtype != torch.int64:
+        raise TypeError(f"{name} must have dtype torch.int64; got {t.dtype}")
+    if t.shape != shape:
+        raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}; got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on logits' device, {device}; got {t.device}")
+    return t.contiguous()
+
+
 def token_logprobs(logits, tokens, temperature=1.0, *, backend=None):
-    """log_softmax(logits / temperature) at each chosen token: logits [..., V], tokens int64 [...] -> [...]."""
+    """log_softmax(logits / temperature) at each chosen token: logits [..., V], tokens int64 [...] -> [...].
+
+    temperature is a scalar or a tensor of shape tokens.shape (one per row)."""
     _check_float_tensor("logits", logits, 1)
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor of dtype int64; got {type(tokens).__name__}")
-    if tokens.dtype != torch.int64:
-        raise TypeError(f"tokens must have dtype torch.int64; got {tokens.dtype}")
-    if tokens.shape != logits.shape[:-1]:
-        raise ValueError(f"tokens must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])}; "
-                         f"got {tuple(tokens.shape)}")
-    if tokens.device != logits.device:
-        raise ValueError(f"tokens must be on logits' device, {logits.device}; got {tokens.device}")
+    _check_index_tensor("tokens", tokens, "logits.shape[:-1]", logits.shape[:-1], logits.device)
     vocab = logits.shape[-1]
     flat = tokens.reshape(-1).contiguous()
     low, high = int(flat.min()), int(flat.max())
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
         raise ValueError(f"tokens must lie in [0, {vocab}) (the vocabulary size); got {bad}")
-    scale = inverse_temperature(temperature)
-    return _call("token_logprobs", backend, _rows(logits), flat, scale).reshape(tokens.shape)
+    rows, scale = _scaled_rows(logits, temperature)
+    return _call("token_logprobs", backend, rows, flat, scale).reshape(tokens.shape)
 
 
 def _elementwise(op, x, backend):
@@ -309,3 +330,190 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high
     loss, frac = _call("ppo_policy_loss", backend, _rows(logp), _rows(old_logp), _rows(advantages), rows_mask,
                        low, high, _f32(dual_clip), _f32(ratio_clamp), agg)
     return loss.reshape(()), frac.reshape(())
+
+
+# -- Selection, sampling and beam search (spec 19-23) ----------------------------------
+
+LOGPROB_KINDS = ("processed", "scaled", "raw")
+
+
+def _row_values(name, value, x, integer):
+    """A scalar or a per-row tensor of shape x.shape[:-1] -> float64 (or int64) numpy [rows], type-checked."""
+    rows = x.numel() // x.shape[-1]
+    if isinstance(value, torch.Tensor):
+        kind = "an integer" if integer else "a floating-point"
+        if value.dtype == torch.bool or value.is_floating_point() == integer or value.is_complex():
+            raise TypeError(f"{name} must be {kind} tensor; got dtype {value.dtype}")
+        if value.shape != x.shape[:-1]:
+            raise ValueError(f"{name} must be a scalar or a tensor of shape {tuple(x.shape[:-1])} (one per row); "
+                             f"got shape {tuple(value.shape)}")
+        if value.device != x.device:
+            raise ValueError(f"{name} must be on logits' device, {x.device}; got {value.device}")
+        return value.detach().reshape(-1).cpu().numpy().astype(np.int64 if integer else np.float64)
+    wanted = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, wanted):
+        raise TypeError(f"{name} must be {'an integer' if integer else 'a real number'} or a tensor; "
+                        f"got {type(value).__name__}")
+    return np.full(rows, value, dtype=np.int64 if integer else np.float64)
+
+
+def _reject(name, values, ok, expected):
+    if not np.all(ok):
+        raise ValueError(f"{name} must be {expected}; got {values[~ok][0]}")
+
+
+def _row_scales(temperature, x, allow_zero):
+    """(scale f32 [R], greedy bool [R]) on x's device: scale = RN32(1 / RN32(T)) per row (spec 8.1);
+    with allow_zero, T = 0 marks a greedy row, whose scale is 1.0 (spec 22)."""
+    t = _row_values("temperature", temperature, x, integer=False)
+    greedy = (t == 0) if allow_zero else np.zeros(t.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        _reject("temperature", t, np.isfinite(t) & ((t > 0) | greedy),
+                "finite and >= 0 (0 = greedy)" if allow_zero else "finite and > 0")
+    with np.errstate(over="ignore", divide="ignore"):
+        t32 = np.where(greedy, 1.0, t).astype(np.float32)
+        scale = np.float32(1.0) / t32
+    _reject("temperature", t, (t32 >= np.finfo(np.float32).tiny) & (t32 < np.inf) & np.isfinite(scale),
+            "in float32's normal range so that 1/temperature is finite")
+    return torch.from_numpy(scale).to(x.device), torch.from_numpy(greedy).to(x.device)
+
+
+def _filter_params(x, top_k, top_p, min_p):
+    """Per-row top_k int64, top_p f32, min_p f32 on x's device, checked as spec 21 requires."""
+    k = _row_values("top_k", top_k, x, integer=True)
+    _reject("top_k", k, k >= 0, "an integer >= 0 (0 = off)")
+    p = _row_values("top_p", top_p, x, integer=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p32 = p.astype(np.float32)
+        _reject("top_p", p, (p > 0) & (p <= 1) & (p32 >= np.finfo(np.float32).tiny),
+                "in (0, 1] and round to a normal float32 (>= 1.18e-38)")
+        m = _row_values("min_p", min_p, x, integer=False)
+        _reject("min_p", m, (m >= 0) & (m <= 1), "in [0, 1]")
+    return tuple(torch.from_numpy(a).to(x.device) for a in (k, p32, m.astype(np.float32)))
+
+
+def _positive_int(name, value, high=None, why=""):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer; got {type(value).__name__}")
+    if value < 1 or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [1, {high if high is not None else 'inf'}]{why}; got {value}")
+    return int(value)
+
+
+def topk(x, k, *, backend=None):
+    """The k largest values of each row and their int64 indices, by value descending then index ascending
+    (spec 21: -0.0 == +0.0, -inf below every number, NaN below -inf): x [..., N] -> ([..., k], [..., k])."""
+    _check_float_tensor("x", x, 1)
+    k = _positive_int("k", k, x.shape[-1], " (the row length)")
+    values, indices = _call("topk", backend, _rows(x), k)
+    shape = (*x.shape[:-1], k)
+    return values.reshape(shape), indices.reshape(shape)
+
+
+def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, backend=None):
+    """vLLM v1's filters in its order (spec 21): w = logits * RN32(1 / RN32(temperature)), then min-p,
+    top-k (ties with the k-th value stay), top-p (keep t iff the kept mass ranked above t is < p times
+    the kept mass); removed tokens are -inf. A row holding NaN or +inf comes out all NaN.
+
+    Each parameter is a scalar or a tensor of shape logits.shape[:-1]; top_k = 0, top_p = 1 and
+    min_p = 0 switch a filter off.
+    """
+    _check_float_tensor("logits", logits, 1)
+    scale, _ = _row_scales(temperature, logits, allow_zero=False)
+    out = _call("filter_logits", backend, _rows(logits), scale, *_filter_params(logits, top_k, top_p, min_p))
+    return out.reshape(logits.shape)
+
+
+def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logprobs="processed",
+           backend=None):
+    """One token per row by the exponential race over filter_logits(...) with Philox noise of
+    (seed, position, token index) only (spec 19-22): logits [B, V] -> (tokens int64 [B], logprobs f32 [B]).
+
+    temperature 0 (a scalar, or per row) is greedy: the lowest-index maximum. A row with no
+    distribution (a NaN or +inf logit, or every logit -inf) gives token -1. logprobs names the
+    distribution whose log-probability is returned (spec 22.1): "processed" (what was sampled from,
+    after temperature and filters), "scaled" (temperature only, what RL trainers recompute) or "raw"
+    (the model's logits, vLLM's default); -1 rows get NaN (a NaN or +inf logit) or -inf.
+    """
+    _check_float_tensor("logits", logits, 2)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape [B, V]; got {tuple(logits.shape)}")
+    batch = logits.shape[:1]
+    seeds = _check_index_tensor("seeds", seeds, "[B]", batch, logits.device)
+    positions = _check_index_tensor("positions", positions, "[B]", batch, logits.device)
+    if bool((positions < 0).any()):
+        raise ValueError(f"positions must be >= 0; got {int(positions.min())}")
+    _check_choice("logprobs", logprobs, LOGPROB_KINDS)
+    scale, greedy = _row_scales(temperature, logits, allow_zero=True)
+    filters = _filter_params(logits, top_k, top_p, min_p)
+    x = _rows(logits)
+    tokens = _call("sample", backend, x, scale, *filters, greedy, seeds, positions)
+    # spec 22.1: each kind is token_logprobs of one distribution; greedy rows have scale 1.0.
+    w = x * scale[:, None]
+    picked = tokens.clamp(min=0)
+    if logprobs == "processed":
+        dist = _call("filter_logits", backend, x, scale, *filters)
+    else:
+        dist = w if logprobs == "scaled" else x
+    out = _call("token_logprobs", backend, dist, picked, 1.0)
+    holds_nan = ((w != w) | (w == float("inf"))).any(dim=1)
+    none = torch.where(holds_nan, float("nan"), float("-inf")).to(out.dtype)
+    return tokens, torch.where(tokens < 0, none, out)
+
+
+def length_factor(length, length_penalty):
+    """RN32(length ** -length_penalty): the power in float64, rounded once to float32 (spec 23)."""
+    with np.errstate(over="ignore"):
+        return np.power(np.asarray(length, dtype=np.float64), -length_penalty).astype(np.float32)
+
+
+def _length_factors(lengths, length_penalty, beam_scores):
+    """RN32(lengths ** -length_penalty), computed in float64 on the host and rounded once (spec 23)."""
+    length_penalty = _real("length_penalty", length_penalty)
+    if lengths is None:
+        if length_penalty != 1.0:
+            raise ValueError("length_penalty needs lengths (the length each beam's candidates have); "
+                             f"got length_penalty={length_penalty} and lengths=None")
+        return None
+    _check_index_tensor("lengths", lengths, "beam_scores.shape", beam_scores.shape, beam_scores.device)
+    n = lengths.cpu().numpy()
+    _reject("lengths", n, n >= 1, ">= 1")
+    factor = length_factor(n, length_penalty)
+    _reject("length_penalty", np.full(factor.shape, length_penalty),
+            (factor >= np.finfo(np.float32).tiny) & np.isfinite(factor),
+            "such that lengths ** -length_penalty is a normal float32")
+    return torch.from_numpy(factor).to(beam_scores.device)
+
+
+def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, lengths=None, backend=None):
+    """One beam-search step (spec 23): beam_scores [W] and logits [W, V] for one request, or [B, W] and
+    [B, W, V] for a batch -> (scores, parent beams int64, tokens int64), each [beam_width] or [B, beam_width].
+
+    cand = beam_scores + log_softmax(logits) (one add); the beam_width best candidates of each request
+    over its W * V are ranked by cand (or by cand * RN32(lengths ** -length_penalty) when lengths, the
+    length of each beam's candidates, is given), ties to the lowest flat index w * V + v. The scores
+    returned are cand, the running sums of log-probabilities. Requests are independent, bit for bit.
+    """
+    _check_float_tensor("logits", logits, 2)
+    if logits.dim() not in (2, 3):
+        raise ValueError(f"logits must have shape [W, V] or [B, W, V]; got {tuple(logits.shape)}")
+    _check_beam_scores(beam_scores, logits)
+    width, vocab = logits.shape[-2:]
+    beam_width = _positive_int("beam_width", beam_width, vocab, " (the vocabulary size V)")
+    factor = _length_factors(lengths, length_penalty, beam_scores)
+    lp = _call("log_softmax", backend, _rows(logits), None, 1.0).reshape(-1, width, vocab)
+    cand = beam_scores.reshape(-1, width).to(torch.float32)[:, :, None] + lp
+    key = cand if factor is None else cand * factor.reshape(-1, width)[:, :, None]
+    values, flat = _call("topk", backend, key.reshape(-1, width * vocab).contiguous(), beam_width)
+    scores = values if factor is None else cand.reshape(-1, width * vocab).gather(1, flat)
+    shape = (*logits.shape[:-2], beam_width)
+    return scores.reshape(shape), (flat // vocab).reshape(shape), (flat % vocab).reshape(shape)
+
+
+def _check_beam_scores(beam_scores, logits):
+    _check_float_tensor("beam_scores", beam_scores, 1)
+    if beam_scores.shape != logits.shape[:-1]:
+        raise ValueError(f"beam_scores must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])}; "
+                         f"got {tuple(beam_scores.shape)}")
+    if beam_scores.device != logits.device:
+        raise ValueError(f"beam_scores must be on logits' device, {logits.device}; got {beam_scores.device}")

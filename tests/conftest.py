@@ -33,3 +33,10 @@ def backend(request):
 def any_backend(request):
     """Each canonical backend, the numpy reference included (for properties that hold of every one)."""
     return _checked(request.param)
+
+
+def implementing(op, names=("numpy", *IMPLEMENTATIONS)):
+    """The canonical backends among names whose module has op. tests/backends/test_sampling_bit_identity.py
+    requires every backend to have the sampling ops, so a backend missing here fails there, not silently."""
+    from bitparity.backends import _module
+    return [name for name in names if hasattr(_module(_checked(name)), op)]

@@ -58,7 +58,7 @@ def test_rejects_bad_temperature(op, temperature):
         op(X, temperature=temperature)
 
 
-@pytest.mark.parametrize("temperature", ("1.0", True, torch.tensor(1.0), None))
+@pytest.mark.parametrize("temperature", ("1.0", True, None))
 def test_rejects_temperature_of_wrong_type(temperature):
     with pytest.raises(TypeError, match="temperature must be a real number"):
         bp.log_softmax(X, temperature=temperature)

@@ -171,3 +171,49 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         total = masked_mean(loss, mask).mean()
     frac = masked_mean((loss2 > loss1).astype(F64).reshape(1, -1), flat_mask)[0]
     return total, frac
+
+
+# -- Filtering and sampling (spec 21-22) --------------------------------------------
+
+def filter_keep(x, scale, top_k, top_p, min_p, slack=0.0):
+    """[R, V] -> bool [R, V]: the tokens spec 21's rule keeps, decided in float64 by exact sorting.
+
+    From the float32 logits w = RN32(x * scale) (per-row parameters as the backend contract passes them):
+    p_i = exp(w_i - max w); min-p keeps p_i >= min_p (p relative to the largest); top-k keeps the values
+    >= the k-th largest kept value; top-p sorts the kept tokens by value and keeps t iff the kept mass
+    of strictly larger values is < top_p times the kept mass.
+
+    slack moves both thresholds by a relative amount (min_p * (1 - slack), the top-p bound times
+    (1 + slack)); the kept set grows with slack, so slack = +-s brackets every set that float32
+    roundings of relative size s can produce.
+    """
+    keep = np.zeros(x.shape, dtype=bool)
+    for r in range(x.shape[0]):
+        w = (x[r].astype(np.float32) * np.float32(scale[r])).astype(F64)
+        if np.any(np.isnan(w) | (w == np.inf)) or np.all(w == -np.inf):
+            continue
+        p = np.exp(w - np.max(w))
+        kept = (w != -np.inf) & (p >= min_p[r] * (1 - slack))
+        if 0 < top_k[r] < w.size:
+            kept &= w >= np.sort(np.where(kept, w, -np.inf))[::-1][top_k[r] - 1]
+        if top_p[r] < 1:
+            values = np.where(kept, w, -np.inf)
+            order = np.argsort(-values, kind="stable")
+            values, mass = values[order], np.where(kept, p, 0.0)[order]
+            before = np.concatenate([[0.0], np.cumsum(mass)[:-1]])          # mass ranked strictly earlier
+            # Tied values share the mass ranked above the first of them.
+            first = np.searchsorted(-values, -values, side="left")
+            above = np.empty(w.size)
+            above[order] = before[first]
+            kept &= above < F64(np.float32(top_p[r])) * mass.sum() * (1 + slack)
+        keep[r] = kept
+    return keep
+
+
+def sample_probabilities(x, scale, top_k, top_p, min_p):
+    """[R, V] -> float64 [R, V]: the distribution sample draws from, softmax of w over the kept tokens."""
+    keep = filter_keep(x, scale, top_k, top_p, min_p)
+    w = (x.astype(np.float32) * np.asarray(scale, dtype=np.float32)[:, None]).astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.where(keep, np.exp(w - np.max(np.where(keep, w, -np.inf), axis=1, keepdims=True)), 0.0)
+        return e / e.sum(axis=1, keepdims=True)

@@ -130,3 +130,67 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         total = ((loss * m).sum(dim=-1) / (m.sum(dim=-1) + 1e-8)).mean()
     frac = ((loss2 > loss1).to(loss.dtype) * m).sum() / (m.sum() + 1e-8)
     return total, frac
+
+
+# -- Selection and sampling, as vLLM v1's PyTorch path does it --------------------
+# Sources (vLLM v1): sample/sampler.py (temperature: logits divided by T; greedy: argmax of the
+# logits), sample/logits_processor/builtin.py (MinPLogitsProcessor: softmax, then drop p < min_p * p_max),
+# sample/ops/topk_topp_sampler.py (apply_top_k_top_p_pytorch: one ascending sort, top-k by the k-th
+# sorted value, top-p by a float32 cumsum compared with 1 - p; random_sample: q ~ Exp(1) from a
+# per-request torch.Generator, token = argmax(probs / q)). Written from those descriptions, not copied.
+
+def topk(x, k):
+    return torch.topk(x, k, dim=-1)
+
+
+def _temperature(scale):
+    # The contract passes scale = RN32(1/RN32(T)); vLLM divides by T, recovered here as RN32(1/scale),
+    # which is RN32(T) or one float32 step from it.
+    return (1.0 / scale.double()).float()
+
+
+def _min_p(logits, min_p):
+    probs = torch.softmax(logits, dim=-1)
+    too_small = probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(too_small, float("-inf"))
+
+
+def _top_k_top_p(logits, k, p):
+    # k = V and p = 1 are vLLM's "off" for a row; a filter is skipped when no row uses it, as vLLM's None.
+    ordered, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = ordered.gather(1, (ordered.shape[1] - k)[:, None])
+        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    if p is not None:
+        mass_up_to = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)   # ascending: mass at and below
+        drop = mass_up_to <= 1 - p[:, None]
+        drop[:, -1] = False                                                  # keep the largest
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, ordered)
+
+
+def filter_logits(x, scale, top_k, top_p, min_p):
+    logits = x / _temperature(scale)[:, None]
+    if bool((min_p > 0).any()):
+        logits = _min_p(logits, min_p)
+    vocab = x.shape[1]
+    k_off = (top_k == 0) | (top_k >= vocab)
+    k = None if bool(k_off.all()) else torch.where(k_off, vocab, top_k)
+    p = None if bool((top_p >= 1).all()) else top_p
+    return logits if k is None and p is None else _top_k_top_p(logits, k, p)
+
+
+def _row_generator(seed, position):
+    # vLLM keeps one generator per seeded request and lets its state advance every step; the contract
+    # names the step by its position instead, so each row's generator is seeded from (seed, position).
+    mixed = (int(seed) * 0x9E3779B97F4A7C15 + int(position)) & 0xFFFFFFFFFFFFFFFF
+    return torch.Generator(device="cpu").manual_seed(mixed)
+
+
+def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
+    probs = torch.softmax(filter_logits(x, scale, top_k, top_p, min_p), dim=-1)
+    q = torch.empty_like(probs, device="cpu")
+    for r in range(x.shape[0]):
+        q[r].exponential_(generator=_row_generator(seeds[r], positions[r]))
+    random = (probs / q.to(probs.device)).argmax(dim=-1)
+    return torch.where(greedy, x.argmax(dim=-1), random)
