@@ -388,9 +388,98 @@ def _rl_timing(op, tier, seed):
     return _rl_case(op, tier, next(iter(RL_VARIANTS[op])), "padded", *RL_TIMING_SHAPE[tier], seed)
 
 
+# selection and sampling (spec 19-23) -----------------------------------------------------
+
+SAMPLING_OPS = ("topk", "filter_logits", "sample", "beam_search_step")
+SELECT_SHAPES = {"quick": ((8, 1000), (2, 32000), (1, 151936)), "full": ((256, 32000), (64, 128256), (64, 151936))}
+SELECT_KINDS = ("random", "equal", "peaked", "specials")
+TOPK_KS = (1, 50)
+# Filter settings (keyword arguments of filter_logits and sample); "per-row" gives every row its own.
+FILTERS = {"k50-p0.9-T0.7": {"temperature": 0.7, "top_k": 50, "top_p": 0.9},
+           "p0.5": {"top_p": 0.5},
+           "minp0.1-T1.3": {"temperature": 1.3, "min_p": 0.1},
+           "k1": {"top_k": 1},
+           "per-row": None}
+BEAM_SHAPES = {"quick": ((1, 4, 1000), (2, 4, 32000)), "full": ((8, 8, 32000), (4, 8, 151936))}
+SAMPLING_TIMING_SHAPE = {"quick": (16, 32000), "full": (64, 151936)}
+
+
+def _per_row_filters(rows):
+    """Every row its own temperature (some greedy, for sample), top-k, top-p and min-p."""
+    r = torch.arange(rows)
+    return {"temperature": torch.tensor([0.0, 0.7, 1.0, 1.5])[r % 4],
+            "top_k": torch.tensor([0, 5, 50, 0, 1])[r % 5],
+            "top_p": torch.tensor([1.0, 0.9, 0.5, 1e-6, 0.95, 1.0])[r % 6],
+            "min_p": torch.tensor([0.0, 0.0, 0.1])[r % 3]}
+
+
+def _sampling_inputs(op, variant, kind, rows, n, seed):
+    x, _ = make_logits(kind, rows, n, seed)
+    if op == "topk":
+        return (x, variant), {}
+    kwargs = _per_row_filters(rows) if FILTERS[variant] is None else dict(FILTERS[variant])
+    if op == "filter_logits":
+        if variant == "per-row":
+            kwargs["temperature"] = torch.where(kwargs["temperature"] == 0, 1.0, kwargs["temperature"])
+        return (x,), kwargs
+    seeds = torch.arange(rows, dtype=torch.int64) * 7919 + seed
+    positions = torch.arange(rows, dtype=torch.int64) * 31 + 2**33
+    return (x, seeds, positions), kwargs
+
+
+def _sampling_case(op, tier, variant, kind, rows, n, seed):
+    shapes = {"logits": [rows, n]} if op != "topk" else {"x": [rows, n]}
+    if op == "sample":
+        shapes.update(seeds=[rows], positions=[rows])
+    name = f"{op}/{'k' if op == 'topk' else ''}{variant}/{kind}/{rows}x{n}"
+    return Case(name, op, tier, shapes, partial(_sampling_inputs, op, variant, kind, rows, n, seed))
+
+
+def _sampling_cases(op, seed):
+    variants = TOPK_KS if op == "topk" else tuple(FILTERS)
+    for tier in TIERS:
+        for i, (rows, n) in enumerate(SELECT_SHAPES[tier]):
+            for kind in (SELECT_KINDS if i == 0 else ("random",)):
+                # Long rows: one top-k and one top-p-only setting (the two search paths of spec 21).
+                for variant in (variants if i == 0 else variants[:2]):
+                    yield _sampling_case(op, tier, variant, kind, rows, n, seed)
+
+
+def _sampling_timing(op, tier, seed):
+    variant = TOPK_KS[1] if op == "topk" else next(iter(FILTERS))
+    return _sampling_case(op, tier, variant, "random", *SAMPLING_TIMING_SHAPE[tier], seed)
+
+
+def _beam_inputs(requests, width, vocab, seed):
+    rng = np.random.default_rng([seed, requests, width, vocab, 5])
+    logits = torch.from_numpy((rng.standard_normal((requests, width, vocab)) * 3).astype(np.float32))
+    scores = torch.from_numpy(-np.abs(rng.standard_normal((requests, width)) * 4).astype(np.float32))
+    scores[0, 1:] = -np.inf                  # request 0 at its first step: one live beam, the others -inf
+    return (scores, logits, width), {}
+
+
+def _beam_case(tier, requests, width, vocab, seed):
+    return Case(f"beam_search_step/{requests}x{width}x{vocab}", "beam_search_step", tier,
+                {"beam_scores": [requests, width], "logits": [requests, width, vocab]},
+                partial(_beam_inputs, requests, width, vocab, seed))
+
+
+def _beam_cases(seed):
+    for tier in TIERS:
+        for shape in BEAM_SHAPES[tier]:
+            yield _beam_case(tier, *shape, seed)
+
+
+def _beam_timing(tier, seed):
+    return _beam_case(tier, *BEAM_SHAPES[tier][-1], seed)
+
+
 for _op in SOFTMAX_OPS:
     register(_op, partial(_softmax_cases, _op), partial(_softmax_timing, _op))
 for _op in ELEMENTWISE_OPS:
     register(_op, partial(_elementwise_cases, _op), partial(_elementwise_timing, _op))
 for _op in RL_OPS:
     register(_op, partial(_rl_cases, _op), partial(_rl_timing, _op))
+for _op in SAMPLING_OPS[:3]:
+    register(_op, partial(_sampling_cases, _op), partial(_sampling_timing, _op))
+register("beam_search_step", _beam_cases, _beam_timing)

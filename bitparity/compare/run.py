@@ -18,11 +18,11 @@ from .. import ops
 from ..backends import availability
 from ..reference import float64
 from . import cases, golden, metrics
-from .cases import ELEMENTWISE_OPS, RL_OPS, ROW_SHAPES, SOFTMAX_OPS  # noqa: F401 - ROW_SHAPES is used by tests
+from .cases import ELEMENTWISE_OPS, RL_OPS, ROW_SHAPES, SAMPLING_OPS, SOFTMAX_OPS  # noqa: F401 - ROW_SHAPES is used by tests
 from .cli_common import Progress
 from .timing import measure
 
-OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS
+OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS + SAMPLING_OPS
 LOG_SPACE = ("logsumexp", "log_softmax", "token_logprobs")
 DEFAULT_BACKENDS = ("numpy", "cpu", "cuda", "ascend", "native")
 
@@ -72,6 +72,7 @@ def _flat64(out):
 
 
 def _flat_tensor(out):
+    """An op's outputs as one float32 vector; token ids and indices (< 2**24) convert exactly."""
     parts = out if isinstance(out, tuple) else (out,)
     return torch.cat([p.detach().cpu().reshape(-1) for p in parts])
 
