@@ -20,17 +20,22 @@ from .. import ops
 from ..backends import availability, device_type
 from . import cases
 from .cli_common import Progress
-from .run import ELEMENTWISE_OPS, OPS, SOFTMAX_OPS
+from .run import ELEMENTWISE_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS
 from .timing import measure
 
 BENCH_BACKENDS = ("cpu", "cuda", "ascend")
 
-# Shapes per tier: [rows, vocab] for the softmax family, [n] for exp/log, [B, T] for the RL ops.
+# Shapes per tier: [rows, vocab] for the softmax family and the sampling ops (beam_search_step: rows
+# are 4-beam requests' beams), [n] for exp/log, [B, T] for the RL ops.
 SHAPES = {
-    "quick": {"softmax": ((16, 32000),), "elementwise": ((1 << 20,),), "rl": ((64, 512),)},
+    "quick": {"softmax": ((16, 32000),), "elementwise": ((1 << 20,),), "rl": ((64, 512),),
+              "sampling": ((16, 32000),)},
     "full": {"softmax": ((64, 151936), (4096, 32000), (256, 151936)), "elementwise": ((1 << 24,),),
-             "rl": ((256, 4096), (4096, 512))},
+             "rl": ((256, 4096), (4096, 512)), "sampling": ((64, 151936),)},
 }
+# The sampling ops' settings: vLLM-style top-k 50, top-p 0.9 at T = 0.7; beams of 4.
+SAMPLING_FILTERS = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
+BEAMS = 4
 REPEATS = {"quick": 5, "full": 20}
 WARMUP = {"quick": 1, "full": 3}
 BUDGET_S = 2.0                  # per measurement: stop repeating after this much time (at least 3 runs)
@@ -40,6 +45,8 @@ COPY_BYTES = {"cpu": 1 << 28, "cuda": 1 << 30, "npu": 1 << 30}    # bytes each s
 def family(op):
     if op in SOFTMAX_OPS:
         return "softmax"
+    if op in SAMPLING_OPS:
+        return "sampling"
     return "elementwise" if op in ELEMENTWISE_OPS else "rl"
 
 
@@ -55,6 +62,8 @@ def make_call(op, shape, device, seed=0):
         kwargs = {}
     elif op in ELEMENTWISE_OPS:
         args, kwargs = (cases.make_elementwise(op, *shape, seed),), {}
+    elif op in SAMPLING_OPS:
+        args, kwargs = _sampling_call(op, shape, seed)
     else:
         rl = cases.make_rl_batch(*shape, seed)
         args, kwargs = {
@@ -65,6 +74,20 @@ def make_call(op, shape, device, seed=0):
             "ppo_policy_loss": ((rl["logp"], rl["old_logp"], rl["advantages"], rl["mask"]), {}),
         }[op]
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), kwargs
+
+
+def _sampling_call(op, shape, seed):
+    rows, vocab = shape
+    x, _ = cases.make_logits("random", rows, vocab, seed)
+    if op == "topk":
+        return (x, 50), {}
+    if op == "filter_logits":
+        return (x,), dict(SAMPLING_FILTERS)
+    if op == "sample":
+        return (x, torch.arange(rows), torch.zeros(rows, dtype=torch.int64)), dict(SAMPLING_FILTERS)
+    requests = max(1, rows // BEAMS)
+    logits = x[:requests * BEAMS].reshape(requests, BEAMS, vocab)
+    return (torch.zeros(requests, BEAMS), logits, BEAMS), {}
 
 
 def _nbytes(values):

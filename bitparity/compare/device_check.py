@@ -30,8 +30,9 @@ from .cli_common import add_tier_args, tier
 
 SOFTMAX_SHAPES = ((64, 151936), (4096, 32000))
 SHAPES = {
-    "hardware": {"softmax": SOFTMAX_SHAPES, "elementwise": ((1 << 24,),), "rl": ((256, 4096), (4096, 512))},
-    "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),)},
+    "hardware": {"softmax": SOFTMAX_SHAPES, "elementwise": ((1 << 24,),), "rl": ((256, 4096), (4096, 512)),
+                 "sampling": ((64, 151936),)},
+    "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),), "sampling": ((4, 2048),)},
 }
 MEMORY_BOUND = ("logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "gae")
 TARGET_COPY_FRACTION = 0.8        # memory-bound ops: at least 80% of the measured copy bandwidth
