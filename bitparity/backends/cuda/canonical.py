@@ -14,7 +14,9 @@ operation order, so each op kernel reads as the reference does:
   (or of their squared deviations) and their exact count (spec 3, 15);
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
-- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16.
+- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16;
+- ``order_key``, ``kth_largest_key``: spec 21's order as int32 keys, and the
+  k-th largest key of each row by bisection with exact counts.
 
 Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
 conversions, bit casts and int32 add/sub/shift/xor/min are used.  Never ``/``,
@@ -42,6 +44,7 @@ NEG_ZERO_BITS: tl.constexpr = tl.constexpr(spec.NEG_ZERO_BITS - (1 << 32))   # 0
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 NAN: tl.constexpr = tl.constexpr(float("nan"))
+INT32_MIN: tl.constexpr = tl.constexpr(-(1 << 31))
 
 EXP_HI: tl.constexpr = tl.constexpr(_f(spec.EXP_HI_BITS))
 EXP_LO: tl.constexpr = tl.constexpr(_f(spec.EXP_LO_BITS))
@@ -108,7 +111,7 @@ def log2(n):
 # -- Reduction structure (spec 3, 4) ------------------------------------------
 
 @triton.jit
-def _halves(x):
+def halves(x):
     # x: [R, W] -> (x[:, :W/2], x[:, W/2:]), each [R, W/2].
     # [R, W] -> [R, 2, W/2] puts x[:, i] and x[:, i + W/2] at [:, 0, i] and
     # [:, 1, i]; moving that axis last lets tl.split take the two halves.
@@ -123,7 +126,7 @@ def tree_sum(x):
     # acc[i] = acc[i] + acc[i + h] for h = W/2, W/4, ..., 1: one float32 add
     # per pair and level, exactly canonical._halving_tree.
     for _ in tl.static_range(log2(x.shape[1])):
-        lo, hi = _halves(x)
+        lo, hi = halves(x)
         x = lo + hi
     return tl.reshape(x, (x.shape[0],))
 
@@ -142,7 +145,7 @@ def tree_max(x):
     # row.  The maximum is order-free; the caller adds +0.0 so that a zero
     # maximum is +0.0 whichever zero came out (spec 4).
     for _ in tl.static_range(log2(x.shape[1])):
-        lo, hi = _halves(x)
+        lo, hi = halves(x)
         x = nan_max(lo, hi)
     return tl.reshape(x, (x.shape[0],))
 
@@ -369,3 +372,42 @@ def k3(d):
     out = tl.where(tl.abs(d) < K3_SERIES_LIMIT, series, direct)
     # d = +inf: direct is inf - inf; the estimator is +inf.
     return tl.where(d == POS_INF, POS_INF, out)
+
+
+# -- Order and selection (spec 21) ----------------------------------------------
+
+@triton.jit
+def order_key(x):
+    # x: any shape, float32 -> int32 keys in spec 21's order: numerically,
+    # -0.0 == +0.0, -inf below every finite value, every NaN below -inf.
+    # Adding +0.0 turns -0.0 into +0.0.  A non-negative float keeps its bits;
+    # a negative one flips its 31 magnitude bits (b ^ 0x7FFFFFFF = -1 - |x|'s
+    # bits), so it lies below every non-negative key and falls as |x| grows.
+    b = (x + 0.0).to(tl.int32, bitcast=True)
+    key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return tl.where(x != x, INT32_MIN, key)
+
+
+@triton.jit
+def kth_largest_key(src_ptr, row_start, rows_ok, n_cols, k, BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # row_start, rows_ok, k: [BLOCK_R] (1 <= k <= n_cols) -> [BLOCK_R] int64:
+    # the largest t with #{i : order_key(src[i]) >= t} >= k, which is the key
+    # of the k-th largest value counting repeats.  Bisection over all 2**32
+    # int32 keys: every key is >= lo = -2**31, none is >= hi = 2**31, and 32
+    # halvings leave hi = lo + 1.  The counts are exact integers, so the
+    # order the lanes and the tree add them in cannot matter.
+    lanes = tl.arange(0, W)                                             # [W]
+    lo = tl.full((BLOCK_R,), INT32_MIN, tl.int64)                       # [BLOCK_R]
+    hi = tl.full((BLOCK_R,), 1 << 31, tl.int64)                         # [BLOCK_R]
+    for _ in range(32):
+        mid = lo + ((hi - lo) >> 1)
+        counts = tl.full((BLOCK_R, W), 0, tl.int32)                     # [BLOCK_R, W]
+        for start in range(0, n_cols, W):
+            cols = start + lanes
+            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+            keys = order_key(tl.load(src_ptr + row_start[:, None] + cols[None, :], mask=inside, other=0.0))
+            counts += (inside & (keys >= mid[:, None])).to(tl.int32)
+        enough = tree_sum(counts) >= k
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    return lo
