@@ -15,8 +15,9 @@ operation order, so each op kernel reads as the reference does:
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
 - ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16;
-- ``order_key``, ``kth_largest_key``: spec 21's order as int32 keys, and the
-  k-th largest key of each row by bisection with exact counts.
+- ``order_key``: spec 21's order as int32 keys; ``search_probes`` and
+  ``search_narrow``: an 8-way search over keys for a monotone predicate;
+  ``kth_largest_key``: the k-th largest key of each row, by that search with exact counts.
 
 Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
 conversions, bit casts and int32 add/sub/shift/xor/min are used.  Never ``/``,
@@ -45,6 +46,8 @@ NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 NAN: tl.constexpr = tl.constexpr(float("nan"))
 INT32_MIN: tl.constexpr = tl.constexpr(-(1 << 31))
+SEARCH_PROBES: tl.constexpr = tl.constexpr(8)
+SEARCH_PASSES: tl.constexpr = tl.constexpr(11)
 
 EXP_HI: tl.constexpr = tl.constexpr(_f(spec.EXP_HI_BITS))
 EXP_LO: tl.constexpr = tl.constexpr(_f(spec.EXP_LO_BITS))
@@ -389,25 +392,46 @@ def order_key(x):
 
 
 @triton.jit
-def kth_largest_key(src_ptr, row_start, rows_ok, n_cols, k, BLOCK_R: tl.constexpr, W: tl.constexpr):
-    # row_start, rows_ok, k: [BLOCK_R] (1 <= k <= n_cols) -> [BLOCK_R] int64:
-    # the largest t with #{i : order_key(src[i]) >= t} >= k, which is the key
-    # of the k-th largest value counting repeats.  Bisection over all 2**32
-    # int32 keys: every key is >= lo = -2**31, none is >= hi = 2**31, and 32
-    # halvings leave hi = lo + 1.  The counts are exact integers, so the
-    # order the lanes and the tree add them in cannot matter.
-    lanes = tl.arange(0, W)                                             # [W]
+def search_probes(lo, hi):
+    # lo, hi: [BLOCK_R] int64 -> [BLOCK_R, SEARCH_PROBES] int64 keys
+    # lo + floor((hi - lo) * j / SEARCH_PROBES), j = 1 .. SEARCH_PROBES, ascending
+    # (the last is hi).  Each search pass evaluates its predicate at all of them
+    # in one sweep over the row: the interval shrinks 8-fold per pass, so
+    # SEARCH_PASSES = 11 passes take a 2**32 interval down to hi = lo + 1
+    # (2**32 / 8**10 = 4, and the probes of an interval of <= 8 are all its keys).
+    j = tl.arange(1, SEARCH_PROBES + 1).to(tl.int64)                    # [P]
+    return lo[:, None] + (((hi - lo)[:, None] * j[None, :]) >> log2(SEARCH_PROBES))
+
+
+@triton.jit
+def search_narrow(lo, hi, probes, low_side):
+    # lo, hi: [BLOCK_R]; probes, low_side: [BLOCK_R, P], low_side true on a
+    # prefix of the probes (the predicate holds at lo and fails at hi) ->
+    # (lo, hi): the last probe where it holds (or lo), the first where it fails (or hi).
+    new_lo = tree_max(tl.where(low_side, probes, lo[:, None]))
+    new_hi = tree_max(tl.where(low_side, -hi[:, None], -probes))
+    return new_lo, -new_hi
+
+
+@triton.jit
+def kth_largest_key(keys_ptr, tile, n_padded, k, BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # keys: rows of n_padded int32 order keys (a multiple of W), INT32_MIN in
+    # the padding; tile: [BLOCK_R, W] offsets of the rows' first W keys;
+    # k: [BLOCK_R] -> [BLOCK_R] int64: the largest t with #{i : key_i >= t} >= k,
+    # the key of the k-th largest value counting repeats (1 <= k <= the row's length).
+    # Search over all 2**32 int32 keys: every key is >= lo = -2**31, none is
+    # >= hi = 2**31, and every probe is above INT32_MIN, so the padding is
+    # never counted.  The counts are exact integers: the order the lanes and
+    # the tree add them in cannot matter.
     lo = tl.full((BLOCK_R,), INT32_MIN, tl.int64)                       # [BLOCK_R]
     hi = tl.full((BLOCK_R,), 1 << 31, tl.int64)                         # [BLOCK_R]
-    for _ in range(32):
-        mid = lo + ((hi - lo) >> 1)
-        counts = tl.full((BLOCK_R, W), 0, tl.int32)                     # [BLOCK_R, W]
-        for start in range(0, n_cols, W):
-            cols = start + lanes
-            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-            keys = order_key(tl.load(src_ptr + row_start[:, None] + cols[None, :], mask=inside, other=0.0))
-            counts += (inside & (keys >= mid[:, None])).to(tl.int32)
-        enough = tree_sum(counts) >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
+    for _ in range(SEARCH_PASSES):
+        probes = search_probes(lo, hi)                                  # [BLOCK_R, P]
+        bounds = probes[:, :, None]                                     # [BLOCK_R, P, 1]
+        counts = tl.full((BLOCK_R, SEARCH_PROBES, W), 0, tl.int32)      # [BLOCK_R, P, W]
+        for start in range(0, n_padded, W):
+            keys = tl.load(keys_ptr + tile + start).to(tl.int64)[:, None, :]    # [BLOCK_R, 1, W]
+            counts += (keys >= bounds).to(tl.int32)
+        totals = tl.reshape(tree_sum(tl.reshape(counts, (BLOCK_R * SEARCH_PROBES, W))), (BLOCK_R, SEARCH_PROBES))
+        lo, hi = search_narrow(lo, hi, probes, totals >= k[:, None])
     return lo

@@ -24,8 +24,9 @@ import triton.language as tl
 
 from ... import spec
 from . import canonical
-from .canonical import (INT32_MIN, NEG_INF, POS_INF, NAN, SEGMENT, halves, kth_largest_key, log2, negate,
-                        neg_zeros, order_key, program_rows, put, tree_max, tree_sum)
+from .canonical import (INT32_MIN, NAN, NEG_INF, POS_INF, SEARCH_PASSES, SEGMENT, halves, kth_largest_key, log2,
+                        negate, neg_zeros, order_key, program_rows, put, search_narrow, search_probes, tree_max,
+                        tree_sum)
 from .layout import block_elements, block_rows, launch, row_layout
 
 _f = spec.f32
@@ -115,118 +116,127 @@ def race_noise(cols, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R: tl.constexpr, W:
 # -- filter_logits (spec 21) --------------------------------------------------------
 
 @triton.jit
-def _mass_above(left_ptr, mass_ptr, row_start, rows_ok, n_cols, n_segments, above,
+def _mass_above(keys_ptr, mass_ptr, tile, n_cols, n_segments, above,
                 BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # above: [BLOCK_R] int64 -> [BLOCK_R]: the canonical sum (spec 3) of
-    # select(order_key(left) > above, mass, -0.0).  mass is -0.0 wherever a
-    # token is not kept, so this is A(v) of spec 21 for the key above.
+    # tile: [BLOCK_R, W] scratch offsets, above: [BLOCK_R, Q] int64 ->
+    # [BLOCK_R, Q]: for each of the Q keys, the canonical sum (spec 3) of
+    # select(key > above, mass, -0.0) over the row.  mass is -0.0 wherever a
+    # token is not kept and in the padding, so this is A of spec 21 at each key.
+    Q: tl.constexpr = above.shape[1]
     neg_zero = neg_zeros(())
-    lanes = tl.arange(0, W)                                             # [W]
     slots = tl.arange(0, GP)                                            # [GP]
-    partials = neg_zeros((BLOCK_R, GP))                                 # [BLOCK_R, GP]
+    bounds = above[:, :, None]                                          # [BLOCK_R, Q, 1]
+    partials = neg_zeros((BLOCK_R * Q, GP))                             # [BLOCK_R * Q, GP]
     for g in range(n_segments):
         seg_start = g * SEGMENT
         seg_end = tl.minimum(seg_start + SEGMENT, n_cols)
         # Lanes start at -0.0 and skip the all-padding chunks: both exact (spec 3).
-        acc = neg_zeros((BLOCK_R, W))                                   # [BLOCK_R, W]
+        acc = neg_zeros((BLOCK_R, Q, W))                                # [BLOCK_R, Q, W]
         for start in range(seg_start, seg_end, W):
-            cols = start + lanes
-            offs = row_start[:, None] + cols[None, :]                   # [BLOCK_R, W]
-            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-            keys = order_key(tl.load(left_ptr + offs, mask=inside, other=NEG_INF))
-            terms = tl.load(mass_ptr + offs, mask=inside, other=0.0)
-            acc = acc + tl.where(inside & (keys > above[:, None]), terms, neg_zero)
-        partials = put(partials, slots, g, tree_sum(acc))
-    return tree_sum(partials)
+            keys = tl.load(keys_ptr + tile + start).to(tl.int64)[:, None, :]    # [BLOCK_R, 1, W]
+            mass = tl.load(mass_ptr + tile + start)[:, None, :]                 # [BLOCK_R, 1, W]
+            acc = acc + tl.where(keys > bounds, mass, neg_zero)
+        partials = put(partials, slots, g, tree_sum(tl.reshape(acc, (BLOCK_R * Q, W))))
+    return tl.reshape(tree_sum(partials), (BLOCK_R, Q))
 
 
 @triton.jit
-def _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, left_ptr, mass_ptr,
-                  rows, rows_ok, row_start, n_cols, n_segments,
+def _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
+                  rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
                   USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # Steps 1-4 of the module docstring -> (bad, floor), each [BLOCK_R]: the
-    # kept tokens are those with order_key(left) >= floor; left_ptr's rows hold left.
+    # tokens kept are those whose scratch key is >= floor.  Scratch rows
+    # (tile: [BLOCK_R, W] offsets into them) are n_padded wide, a multiple of
+    # W, and hold order_key(w) for a kept token and INT32_MIN for the others
+    # and the padding (floor > INT32_MIN); mass rows hold select(keep, e, -0.0).
     # USE_*: whether any row of the launch uses a step; each row still applies
     # a step only when its own parameter is not neutral (spec 21).
     lanes = tl.arange(0, W)                                             # [W]
-    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)          # [BLOCK_R]
+    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]     # [BLOCK_R, 1]
     # Pass 1: the maximum is order-free; bad counts NaN and +inf entries.
     lane_max = tl.full((BLOCK_R, W), NEG_INF, tl.float32)               # [BLOCK_R, W]
     lane_bad = tl.full((BLOCK_R, W), 0, tl.int32)                       # [BLOCK_R, W]
     for start in range(0, n_cols, W):
         cols = start + lanes
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-        w = tl.load(x_ptr + row_start[:, None] + cols[None, :], mask=inside, other=NEG_INF) * scale[:, None]
+        w = tl.load(x_ptr + row_start[:, None] + cols[None, :], mask=inside, other=NEG_INF) * scale
         lane_max = canonical.nan_max(lane_max, w)
         lane_bad += ((w != w) | (w == POS_INF)).to(tl.int32)
     bad = tree_sum(lane_bad) > 0                                        # [BLOCK_R]
     row_max = tree_max(lane_max) + 0.0
-    shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+    shift = tl.where(row_max == NEG_INF, 0.0, row_max)[:, None]         # [BLOCK_R, 1]
     # Pass 2: min-p, p_i >= min_p * p_max <=> e_i >= min_p; a bad row keeps nothing.
     neg_zero = neg_zeros(())
-    min_p = tl.load(min_p_ptr + rows, mask=rows_ok, other=0.0)          # [BLOCK_R]
+    min_p = tl.load(min_p_ptr + rows, mask=rows_ok, other=0.0)[:, None]    # [BLOCK_R, 1]
     for start in range(0, n_cols, W):
         cols = start + lanes
-        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-        w = tl.load(x_ptr + offs, mask=inside, other=NEG_INF) * scale[:, None]
-        e = canonical.exp(w - shift[:, None])
+        w = tl.load(x_ptr + row_start[:, None] + cols[None, :], mask=inside, other=NEG_INF) * scale
+        e = canonical.exp(w - shift)
         keep = (w != NEG_INF) & ~bad[:, None]
         if USE_MIN_P:
-            keep = keep & ((min_p <= 0.0)[:, None] | (e >= min_p[:, None]))
-        tl.store(left_ptr + offs, tl.where(keep, w, NEG_INF), mask=inside)
+            keep = keep & ((min_p <= 0.0) | (e >= min_p))
+        tl.store(keys_ptr + tile + start, tl.where(keep, order_key(w), INT32_MIN))
         if USE_TOP_P:
-            tl.store(mass_ptr + offs, tl.where(keep, e, neg_zero), mask=inside)
-    # The passes below read what this program just wrote.
+            tl.store(mass_ptr + tile + start, tl.where(keep, e, neg_zero))
+    # The passes below read what this program's threads just wrote.
     tl.debug_barrier()
-    # Top-k: keep left >= the k-th largest left, counting repeats (ties stay).
-    t_k = tl.full((BLOCK_R,), INT32_MIN, tl.int64)                      # [BLOCK_R]
+    # Top-k: keep the keys >= the k-th largest, counting repeats (ties stay).
+    # A row with fewer than k kept tokens gets INT32_MIN: it keeps them all.
+    floor = tl.full((BLOCK_R,), INT32_MIN + 1, tl.int64)                # [BLOCK_R]
     if USE_TOP_K:
         top_k = tl.load(top_k_ptr + rows, mask=rows_ok, other=0)
         use_k = (top_k > 0) & (top_k < n_cols)
-        t_k = tl.where(use_k, kth_largest_key(left_ptr, row_start, rows_ok, n_cols, top_k, BLOCK_R, W), t_k)
-    floor = t_k
+        t_k = kth_largest_key(keys_ptr, tile, n_padded, top_k, BLOCK_R, W)
+        floor = tl.where(use_k, tl.maximum(t_k, floor), floor)
     # Top-p: the smallest key t with A(t) < thr = top_p * Z, Z the kept mass.
     # A(-2**31 - 1) = Z >= thr and A(2**31 - 1) = -0.0 < thr (thr > 0 when
-    # anything is kept), so after 32 halvings hi is that key.  Keys below t_k
-    # are not kept: every sum counts only keys > max(t, t_k - 1).
+    # anything is kept), so the search ends with hi at that key.  The keys
+    # below floor after top-k are not kept: every sum counts only keys > max(t, floor - 1).
     if USE_TOP_P:
         top_p = tl.load(top_p_ptr + rows, mask=rows_ok, other=1.0)
-        below_k = t_k - 1
-        thr = top_p * _mass_above(left_ptr, mass_ptr, row_start, rows_ok, n_cols, n_segments, below_k,
-                                  BLOCK_R, W, GP)
+        below = (floor - 1)[:, None]                                    # [BLOCK_R, 1]
+        total = _mass_above(keys_ptr, mass_ptr, tile, n_cols, n_segments, below, BLOCK_R, W, GP)
+        thr = top_p[:, None] * total                                    # [BLOCK_R, 1]
         lo = tl.full((BLOCK_R,), INT32_MIN - 1, tl.int64)               # [BLOCK_R]
         hi = tl.full((BLOCK_R,), -INT32_MIN - 1, tl.int64)              # [BLOCK_R]
-        for _ in range(32):
-            mid = lo + ((hi - lo) >> 1)
-            mass = _mass_above(left_ptr, mass_ptr, row_start, rows_ok, n_cols, n_segments,
-                               tl.maximum(mid, below_k), BLOCK_R, W, GP)
-            under = mass < thr
-            hi = tl.where(under, mid, hi)
-            lo = tl.where(under, lo, mid)
+        for _ in range(SEARCH_PASSES):
+            probes = search_probes(lo, hi)                              # [BLOCK_R, P]
+            mass = _mass_above(keys_ptr, mass_ptr, tile, n_cols, n_segments, tl.maximum(probes, below),
+                               BLOCK_R, W, GP)
+            lo, hi = search_narrow(lo, hi, probes, mass >= thr)
         floor = tl.where(top_p < 1.0, tl.maximum(floor, hi), floor)
     return bad, floor
 
 
 @triton.jit
-def filter_logits_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, mass_ptr,
-                         n_rows, n_cols, n_segments,
+def _scratch_tile(rows, n_padded, W: tl.constexpr):
+    # rows: [BLOCK_R] -> [BLOCK_R, W] offsets of the rows' first W scratch entries.
+    return rows.to(tl.int64)[:, None] * n_padded + tl.arange(0, W)[None, :]
+
+
+@triton.jit
+def filter_logits_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, keys_ptr, mass_ptr,
+                         n_rows, n_cols, n_padded, n_segments,
                          USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # x, out, mass: [n_rows, n_cols]; scale, top_k, top_p, min_p: [n_rows].
-    # out holds left until the last pass turns it into the output.
+    # x, out: [n_rows, n_cols]; scale, top_k, top_p, min_p: [n_rows];
+    # keys, mass: scratch [programs * BLOCK_R, n_padded].
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, mass_ptr,
-                               rows, rows_ok, row_start, n_cols, n_segments,
+    tile = _scratch_tile(rows, n_padded, W)                             # [BLOCK_R, W]
+    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
+                               rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
                                USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
+    # out = select(kept, w, -inf), all NaN on a bad row.
+    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
         offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-        left = tl.load(out_ptr + offs, mask=inside, other=NEG_INF)
-        out = tl.where(order_key(left) >= floor[:, None], left, NEG_INF)
+        w = tl.load(x_ptr + offs, mask=inside, other=NEG_INF) * scale
+        out = tl.where(tl.load(keys_ptr + tile + start) >= floor[:, None], w, NEG_INF)
         tl.store(out_ptr + offs, tl.where(bad[:, None], NAN, out), mask=inside)
 
 
@@ -247,16 +257,18 @@ def _first_argmax(values, cols):
 
 @triton.jit
 def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr, seeds_ptr, positions_ptr,
-                  tokens_ptr, left_ptr, mass_ptr, n_rows, n_cols, n_segments,
+                  tokens_ptr, keys_ptr, mass_ptr, n_rows, n_cols, n_padded, n_segments,
                   USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # x, left, mass: [n_rows, n_cols]; the parameters and tokens: [n_rows].
+    # x: [n_rows, n_cols]; the parameters and tokens: [n_rows]; keys, mass: as filter_logits_kernel's.
     # token = lowest index of max_i score_i, score = x on greedy rows, else
     # f - noise with f the filtered logits; -1 on a bad row or when every score is -inf.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, left_ptr, mass_ptr,
-                               rows, rows_ok, row_start, n_cols, n_segments,
+    tile = _scratch_tile(rows, n_padded, W)                             # [BLOCK_R, W]
+    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
+                               rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
                                USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
+    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]
     greedy = tl.load(greedy_ptr + rows, mask=rows_ok, other=False)[:, None]     # [BLOCK_R, 1]
     # The int64 seed and position as uint32 words of their two's-complement patterns.
     seeds = tl.load(seeds_ptr + rows, mask=rows_ok, other=0)            # [BLOCK_R]
@@ -271,10 +283,9 @@ def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr,
         cols = start + lanes
         offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-        left = tl.load(left_ptr + offs, mask=inside, other=NEG_INF)
-        f = tl.where(order_key(left) >= floor[:, None], left, NEG_INF)
-        score = f - race_noise(cols, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W)
-        score = tl.where(greedy, tl.load(x_ptr + offs, mask=inside, other=NEG_INF), score)
+        x = tl.load(x_ptr + offs, mask=inside, other=NEG_INF)
+        f = tl.where(tl.load(keys_ptr + tile + start) >= floor[:, None], x * scale, NEG_INF)
+        score = tl.where(greedy, x, f - race_noise(cols, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W))
         better = score > best
         best = tl.where(better, score, best)
         best_cols = tl.where(better, cols[None, :], best_cols)
@@ -294,15 +305,18 @@ def philox(counters, keys):
 
 
 def _filter_launch(kernel, x, scale, top_k, top_p, min_p, *args):
-    # Launches kernel(x, scale, top_k, top_p, min_p, *args, mass, ...); mass
-    # is a scratch row per row, needed only when a row uses top-p.
+    # Launches kernel(x, scale, top_k, top_p, min_p, *args, keys, mass, ...)
+    # with scratch rows for the keys and, when a row uses top-p, the masses.
     n_rows, n_cols = x.shape
-    use_top_p = bool((top_p < 1.0).any())
-    mass = torch.empty_like(x) if use_top_p else x
     width, n_segments, slots = row_layout(n_cols)
     rows = block_rows(n_rows, width)
-    launch(kernel, triton.cdiv(n_rows, rows), x, scale, top_k, top_p, min_p, *args, mass,
-           n_rows, n_cols, n_segments,
+    n_programs = triton.cdiv(n_rows, rows)
+    scratch = (n_programs * rows, triton.cdiv(n_cols, width) * width)
+    use_top_p = bool((top_p < 1.0).any())
+    keys = torch.empty(scratch, dtype=torch.int32, device=x.device)
+    mass = torch.empty(scratch, dtype=torch.float32, device=x.device) if use_top_p else keys
+    launch(kernel, n_programs, x, scale, top_k, top_p, min_p, *args, keys, mass,
+           n_rows, n_cols, scratch[1], n_segments,
            USE_MIN_P=bool((min_p > 0.0).any()), USE_TOP_K=bool(((top_k > 0) & (top_k < n_cols)).any()),
            USE_TOP_P=use_top_p, BLOCK_R=rows, W=width, GP=slots)
 
@@ -315,6 +329,5 @@ def filter_logits(x, scale, top_k, top_p, min_p):
 
 def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    _filter_launch(sample_kernel, x, scale, top_k, top_p, min_p, greedy, seeds, positions, tokens,
-                   torch.empty_like(x))
+    _filter_launch(sample_kernel, x, scale, top_k, top_p, min_p, greedy, seeds, positions, tokens)
     return tokens
