@@ -38,6 +38,7 @@ else:
     from .ppo import ppo_policy_loss
     from .reduce import sum  # noqa: A004 - the op's public name
     from .sampling import filter_logits, philox, sample
+    from .topk import topk
     from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
 
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
