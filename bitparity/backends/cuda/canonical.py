@@ -8,6 +8,7 @@ operation order, so each op kernel reads as the reference does:
 - ``exp`` / ``log``: the portable exp and log (spec 5, 6);
 - ``reciprocal``: Newton steps plus one Dekker-exact correction (spec 7);
 - ``neg_zeros``: the padding -0.0, which a Triton literal cannot express;
+- ``nans``: quiet NaNs, from their bits;
 - ``put``: writes a segment partial into its slot of a small vector;
 - ``program_rows``: the rows one program handles;
 - ``masked_row_sum``: the canonical sum of the counted entries of each row
@@ -44,7 +45,10 @@ SEGMENT: tl.constexpr = tl.constexpr(spec.SEGMENT)
 NEG_ZERO_BITS: tl.constexpr = tl.constexpr(spec.NEG_ZERO_BITS - (1 << 32))   # 0x80000000 as an int32
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 POS_INF: tl.constexpr = tl.constexpr(float("inf"))
-NAN: tl.constexpr = tl.constexpr(float("nan"))
+# The quiet NaN numpy writes (np.float32(np.nan)), as bits: a NaN-valued
+# global would differ from itself in triton.jit's check that two callees saw
+# the same global values, so no kernel could call log twice.
+NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
 INT32_MIN: tl.constexpr = tl.constexpr(-(1 << 31))
 SEARCH_PROBES: tl.constexpr = tl.constexpr(8)
 SEARCH_PASSES: tl.constexpr = tl.constexpr(11)
@@ -160,6 +164,12 @@ def neg_zeros(shape: tl.constexpr):
     # -0.0 included, into +0.0 (semantic.scalar_constant), so tl.full(shape,
     # -0.0), tl.where(c, -0.0, x) and other=-0.0 all give +0.0.
     return tl.full(shape, NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nans(shape: tl.constexpr):
+    # A float32 tensor of quiet NaNs (shape () for a scalar), from their bits (see NAN_BITS).
+    return tl.full(shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -280,7 +290,7 @@ def log(x):
     out = (f + y) + ef * LOG_LN2_HI
     out = tl.where(x == POS_INF, POS_INF, out)
     out = tl.where(x == 0.0, NEG_INF, out)
-    out = tl.where(x < 0.0, NAN, out)
+    out = tl.where(x < 0.0, nans(()), out)
     return tl.where(x != x, x, out)
 
 

@@ -24,8 +24,8 @@ import triton.language as tl
 
 from ... import spec
 from . import canonical
-from .canonical import (INT32_MIN, NAN, NEG_INF, POS_INF, SEARCH_PASSES, SEGMENT, halves, kth_largest_key, log2,
-                        negate, neg_zeros, order_key, program_rows, put, search_narrow, search_probes, tree_max,
+from .canonical import (INT32_MIN, NEG_INF, POS_INF, SEARCH_PASSES, SEGMENT, halves, kth_largest_key, log2,
+                        nans, negate, neg_zeros, order_key, program_rows, put, search_narrow, search_probes, tree_max,
                         tree_sum)
 from .layout import block_elements, block_rows, launch, row_layout
 
@@ -237,7 +237,7 @@ def filter_logits_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
         w = tl.load(x_ptr + offs, mask=inside, other=NEG_INF) * scale
         out = tl.where(tl.load(keys_ptr + tile + start) >= floor[:, None], w, NEG_INF)
-        tl.store(out_ptr + offs, tl.where(bad[:, None], NAN, out), mask=inside)
+        tl.store(out_ptr + offs, tl.where(bad[:, None], nans(()), out), mask=inside)
 
 
 # -- sample (spec 22) ---------------------------------------------------------------

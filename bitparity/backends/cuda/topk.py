@@ -52,10 +52,10 @@ def _inclusive_prefix_sum(x):
     N: tl.constexpr = x.shape[1]
     prefix = x
     totals = x
+    # (A constexpr cannot be reassigned in a static loop: block sizes stay inline.)
     for level in tl.static_range(log2(N)):
-        B: tl.constexpr = 1 << level
-        lo, hi = _pair_split(prefix, B)                                 # [R, N / 2B, B] each
-        t_lo, t_hi = tl.split(tl.reshape(totals, (R, N // (2 * B), 2)))        # [R, N / 2B] each
+        lo, hi = _pair_split(prefix, 1 << level)                       # [R, N / 2**(l+1), 2**l] each
+        t_lo, t_hi = tl.split(tl.reshape(totals, (R, N >> (level + 1), 2)))    # [R, N / 2**(l+1)] each
         prefix = _pair_join(lo, hi + t_lo[:, :, None])
         totals = t_lo + t_hi
     return prefix
@@ -72,9 +72,9 @@ def _sort_descending(x):
     cols = tl.arange(0, N)[None, :]                                     # [1, N]
     for stage in tl.static_range(1, log2(N) + 1):
         for step in tl.static_range(stage):
-            J: tl.constexpr = 1 << (stage - 1 - step)
-            lo, hi = _pair_split(x, J)                                  # [R, N / 2J, J] each
-            lo_cols, _ = _pair_split(cols, J)                           # [1, N / 2J, J]
+            # Distance J = 2**(stage - 1 - step): [R, N / 2J, J] each.
+            lo, hi = _pair_split(x, 1 << (stage - 1 - step))
+            lo_cols, _ = _pair_split(cols, 1 << (stage - 1 - step))
             descending = (lo_cols & (1 << stage)) == 0
             big = tl.maximum(lo, hi)
             small = tl.minimum(lo, hi)
