@@ -82,19 +82,27 @@ def philox_kernel(counters_ptr, keys_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def race_noise(cols, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R: tl.constexpr, W: tl.constexpr):
-    # cols: [W] token indices; pos_*, seed_*: [BLOCK_R] uint32 words of the
-    # int64 position and seed -> [BLOCK_R, W] float32 log(E), E token i's Exp(1) variate.
-    # Token i reads words (x0, x1) of Philox(i >> 1, pos_lo, pos_hi, SAMPLE_STREAM;
-    # seed_lo, seed_hi) when i is even, (x2, x3) when it is odd (spec 19).
-    shape: tl.constexpr = (BLOCK_R, W)
-    x0, x1, x2, x3 = philox4x32(tl.broadcast_to((cols >> 1).to(tl.uint32)[None, :], shape),
-                            tl.broadcast_to(pos_lo[:, None], shape), tl.broadcast_to(pos_hi[:, None], shape),
-                            tl.full(shape, SAMPLE_STREAM, tl.uint32),
-                            tl.broadcast_to(seed_lo[:, None], shape), tl.broadcast_to(seed_hi[:, None], shape))
-    odd = ((cols & 1) == 1)[None, :]
-    a = tl.where(odd, x2, x0)
-    b = tl.where(odd, x3, x1)
+def race_noise(start, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # start: the first of W token indices, a multiple of W; pos_*, seed_*:
+    # [BLOCK_R] uint32 words of the int64 position and seed -> [BLOCK_R, W]
+    # float32 log(E), E token i's Exp(1) variate.  Token i reads words
+    # (x0, x1) of Philox(i >> 1, pos_lo, pos_hi, SAMPLE_STREAM; seed_lo,
+    # seed_hi) when i is even, (x2, x3) when it is odd (spec 19): one Philox
+    # call per pair of tokens, whose words are then interleaved.
+    PW: tl.constexpr = (W + 1) // 2
+    shape: tl.constexpr = (BLOCK_R, PW)
+    pairs = (start // 2 + tl.arange(0, PW)).to(tl.uint32)               # [PW]
+    x0, x1, x2, x3 = philox4x32(tl.broadcast_to(pairs[None, :], shape),
+                                tl.broadcast_to(pos_lo[:, None], shape), tl.broadcast_to(pos_hi[:, None], shape),
+                                tl.full(shape, SAMPLE_STREAM, tl.uint32),
+                                tl.broadcast_to(seed_lo[:, None], shape), tl.broadcast_to(seed_hi[:, None], shape))
+    if W == 1:
+        # A one-token row: token 0, even.
+        a = x0
+        b = x1
+    else:
+        a = tl.reshape(tl.join(x0, x2), (BLOCK_R, W))                   # x0[0], x2[0], x0[1], ...
+        b = tl.reshape(tl.join(x1, x3), (BLOCK_R, W))
     # V in (0, 1): 24 bits of a (logical shifts: the words are uint32), and 23
     # more bits of b below 2**-8.  Every integer converted is below 2**24: exact.
     ha = (a >> 8).to(tl.int32)
@@ -285,7 +293,7 @@ def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr,
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
         x = tl.load(x_ptr + offs, mask=inside, other=NEG_INF)
         f = tl.where(tl.load(keys_ptr + tile + start) >= floor[:, None], x * scale, NEG_INF)
-        score = tl.where(greedy, x, f - race_noise(cols, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W))
+        score = tl.where(greedy, x, f - race_noise(start, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W))
         better = score > best
         best = tl.where(better, score, best)
         best_cols = tl.where(better, cols[None, :], best_cols)
