@@ -2,19 +2,21 @@
 
 filter_logits handles each row in passes over it:
   1. w = x * scale: the row maximum (the shift) and whether a w is NaN or +inf (a bad row);
-  2. e = exp(w - shift), keep = (w != -inf) and, with min-p, e >= min_p; the scratch rows
-     get left = select(keep, w, -inf) and, for top-p, mass = select(keep, e, -0.0);
-  3. top-k: t_k = the key (canonical.order_key) of the k-th largest left, 32 counting passes;
-  4. top-p: t_p = the smallest key t with A(t) < top_p * Z, 32 passes of one canonical sum
-     each (A(t) is non-increasing in t, spec 21, so bisection finds the reference's value);
-  5. out = select(order_key(left) >= max(t_k, t_p), left, -inf), all NaN on a bad row.
-Top-k and top-p each keep the tokens whose key reaches a threshold, so the kept set is
-left's tokens above one floor.  sample runs steps 1-4 and then takes the lowest-index
-maximum of out - noise, the noise of each token drawn from Philox (spec 19, 20).
+  2. e = exp(w - shift), keep = (w != -inf) and, with min-p, e >= min_p; scratch rows get
+     key = order_key(w) where kept, INT32_MIN elsewhere, and, for top-p, mass = select(keep, e, -0.0);
+  3. top-k: t_k = the k-th largest key (canonical.kth_largest_key, exact counts);
+  4. top-p: t_p = the smallest key t with A(t) < top_p * Z, A(t) the canonical sum of the
+     masses with key > t (A is non-increasing in t, spec 21, so a search over keys finds
+     the reference's value);
+  5. out = select(key >= max(t_k, t_p), w, -inf), all NaN on a bad row.
+Top-k and top-p each keep the tokens whose key reaches a threshold, so the kept set is one
+floor on the keys.  Steps 3 and 4 are 8-way searches (canonical.search_probes): 11 sweeps
+of the scratch rows each, every sweep evaluating 8 probes.  sample runs steps 1-4 and then
+takes the lowest-index maximum of out - noise, the noise of each token from Philox (spec 19, 20).
 
-On a GPU one program takes one row (layout.block_rows); the passes run in sequence within it.
-A split-row version for [64, 151936] would give each segment its own program in every pass
-and combine the [n_rows, GP] counts and partials between passes (one launch per pass):
+On a GPU one program takes one row (layout.block_rows); the sweeps run in sequence within
+it.  A split-row version for [64, 151936] would give each segment its own program in every
+sweep and combine the [n_rows, GP] counts and partials between sweeps (one launch per sweep):
 the same counts and the same canonical sums, so the same bits.
 """
 
@@ -24,7 +26,7 @@ import triton.language as tl
 
 from ... import spec
 from . import canonical
-from .canonical import (INT32_MIN, NEG_INF, POS_INF, SEARCH_PASSES, SEGMENT, halves, kth_largest_key, log2,
+from .canonical import (HALF, INT32_MIN, NEG_INF, POS_INF, SEARCH_PASSES, SEGMENT, halves, kth_largest_key, log2,
                         nans, negate, neg_zeros, order_key, program_rows, put, search_narrow, search_probes, tree_max,
                         tree_sum)
 from .layout import block_elements, block_rows, launch, row_layout
@@ -41,7 +43,6 @@ UNIFORM_COARSE_MIN: tl.constexpr = tl.constexpr(spec.UNIFORM_COARSE_MIN)
 TWO_M24: tl.constexpr = tl.constexpr(_f(spec.TWO_M24_BITS))
 TWO_M48: tl.constexpr = tl.constexpr(_f(spec.TWO_M48_BITS))
 THIRD: tl.constexpr = tl.constexpr(_f(spec.THIRD_BITS))
-HALF: tl.constexpr = tl.constexpr(_f(spec.HALF_BITS))
 
 
 # -- Philox4x32-10 and the race noise (spec 19, 20) ---------------------------------
@@ -91,7 +92,7 @@ def race_noise(start, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R: tl.constexpr, W
     # call per pair of tokens, whose words are then interleaved.
     PW: tl.constexpr = (W + 1) // 2
     shape: tl.constexpr = (BLOCK_R, PW)
-    pairs = (start // 2 + tl.arange(0, PW)).to(tl.uint32)               # [PW]
+    pairs = ((start >> 1) + tl.arange(0, PW)).to(tl.uint32)             # [PW]
     x0, x1, x2, x3 = philox4x32(tl.broadcast_to(pairs[None, :], shape),
                                 tl.broadcast_to(pos_lo[:, None], shape), tl.broadcast_to(pos_hi[:, None], shape),
                                 tl.full(shape, SAMPLE_STREAM, tl.uint32),
