@@ -150,17 +150,27 @@ def _mass_above(keys_ptr, mass_ptr, tile, n_cols, n_segments, above,
 
 
 @triton.jit
-def _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
-                  rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
-                  USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
-                  BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # Steps 1-4 of the module docstring -> (bad, floor), each [BLOCK_R]: the
-    # tokens kept are those whose scratch key is >= floor.  Scratch rows
-    # (tile: [BLOCK_R, W] offsets into them) are n_padded wide, a multiple of
-    # W, and hold order_key(w) for a kept token and INT32_MIN for the others
-    # and the padding (floor > INT32_MIN); mass rows hold select(keep, e, -0.0).
+def _scratch_tile(rows, n_padded, W: tl.constexpr):
+    # rows: [BLOCK_R] -> [BLOCK_R, W] offsets of the rows' first W scratch entries.
+    return rows.to(tl.int64)[:, None] * n_padded + tl.arange(0, W)[None, :]
+
+
+@triton.jit
+def _filter_rows(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
+                 n_rows, n_cols, n_padded, n_segments,
+                 USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
+                 BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # Steps 1-4 of the module docstring for this program's rows -> (rows,
+    # rows_ok, row_start, tile, scale, bad, floor): the rows (program_rows),
+    # their scratch offsets tile [BLOCK_R, W], scale [BLOCK_R, 1], and bad and
+    # floor [BLOCK_R]: the tokens kept are those whose scratch key is >= floor.
+    # Scratch rows are n_padded wide, a multiple of W, and hold order_key(w)
+    # for a kept token and INT32_MIN for the others and the padding
+    # (floor > INT32_MIN); mass rows hold select(keep, e, -0.0).
     # USE_*: whether any row of the launch uses a step; each row still applies
     # a step only when its own parameter is not neutral (spec 21).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    tile = _scratch_tile(rows, n_padded, W)                             # [BLOCK_R, W]
     lanes = tl.arange(0, W)                                             # [W]
     scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]     # [BLOCK_R, 1]
     # Pass 1: the maximum is order-free; bad counts NaN and +inf entries.
@@ -216,13 +226,7 @@ def _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, m
                                BLOCK_R, W, GP)
             lo, hi = search_narrow(lo, hi, probes, mass >= thr)
         floor = tl.where(top_p < 1.0, tl.maximum(floor, hi), floor)
-    return bad, floor
-
-
-@triton.jit
-def _scratch_tile(rows, n_padded, W: tl.constexpr):
-    # rows: [BLOCK_R] -> [BLOCK_R, W] offsets of the rows' first W scratch entries.
-    return rows.to(tl.int64)[:, None] * n_padded + tl.arange(0, W)[None, :]
+    return rows, rows_ok, row_start, tile, scale, bad, floor
 
 
 @triton.jit
@@ -232,13 +236,10 @@ def filter_logits_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_
                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, out: [n_rows, n_cols]; scale, top_k, top_p, min_p: [n_rows];
     # keys, mass: scratch [programs * BLOCK_R, n_padded].
-    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    tile = _scratch_tile(rows, n_padded, W)                             # [BLOCK_R, W]
-    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
-                               rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
-                               USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
+    rows, rows_ok, row_start, tile, scale, bad, floor = _filter_rows(
+        x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr, n_rows, n_cols, n_padded,
+        n_segments, USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
     # out = select(kept, w, -inf), all NaN on a bad row.
-    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
@@ -272,12 +273,9 @@ def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr,
     # x: [n_rows, n_cols]; the parameters and tokens: [n_rows]; keys, mass: as filter_logits_kernel's.
     # token = lowest index of max_i score_i, score = x on greedy rows, else
     # f - noise with f the filtered logits; -1 on a bad row or when every score is -inf.
-    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    tile = _scratch_tile(rows, n_padded, W)                             # [BLOCK_R, W]
-    bad, floor = _filter_floor(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr,
-                               rows, rows_ok, row_start, tile, n_cols, n_padded, n_segments,
-                               USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
-    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]
+    rows, rows_ok, row_start, tile, scale, bad, floor = _filter_rows(
+        x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr, n_rows, n_cols, n_padded,
+        n_segments, USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
     greedy = tl.load(greedy_ptr + rows, mask=rows_ok, other=False)[:, None]     # [BLOCK_R, 1]
     # The int64 seed and position as uint32 words of their two's-complement patterns.
     seeds = tl.load(seeds_ptr + rows, mask=rows_ok, other=0)            # [BLOCK_R]
