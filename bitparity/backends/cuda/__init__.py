@@ -38,8 +38,8 @@ else:
     from .ppo import ppo_policy_loss
     from .reduce import sum  # noqa: A004 - the op's public name
     from .sampling import filter_logits, philox, sample
-    from .topk import topk
     from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
+    from .topk import topk
 
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
                "entropy", "token_logprobs", "exp", "log",

@@ -21,7 +21,8 @@ operation order, so each op kernel reads as the reference does:
   ``kth_largest_key``: the k-th largest key of each row, by that search with exact counts.
 
 Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
-conversions, bit casts and int32 add/sub/shift/xor/min are used.  Never ``/``,
+conversions, bit casts and integer arithmetic (exact: counts, keys, Philox's
+uint32 words) are used.  Never ``/``,
 ``tl.exp``/``tl.log``/``tl.sqrt`` (approximate on the GPU, numpy's in the
 interpreter) or a ``tl.sum`` over more than two elements (its order is
 the compiler's): the halving tree splits a tensor into halves and adds them.
@@ -418,6 +419,7 @@ def search_narrow(lo, hi, probes, low_side):
     # lo, hi: [BLOCK_R]; probes, low_side: [BLOCK_R, P], low_side true on a
     # prefix of the probes (the predicate holds at lo and fails at hi) ->
     # (lo, hi): the last probe where it holds (or lo), the first where it fails (or hi).
+    # The first is a maximum; the second a minimum, taken as -max(-v) (int64, no overflow).
     new_lo = tree_max(tl.where(low_side, probes, lo[:, None]))
     new_hi = tree_max(tl.where(low_side, -hi[:, None], -probes))
     return new_lo, -new_hi
