@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .canonical import INT32_MIN, kth_largest_key, log2, order_key, program_rows, tree_sum
-from .layout import block_rows, launch, next_pow2, row_layout
+from .layout import block_rows, launch, next_pow2, order_tile
 
 INT32_MAX: tl.constexpr = tl.constexpr((1 << 31) - 1)
 INT64_MIN: tl.constexpr = tl.constexpr(-(1 << 63))
@@ -67,15 +67,14 @@ def _sort_descending(x):
     # the bitonic network, blocks of 2**stage columns sorted descending where
     # bit `stage` of their column is clear and ascending where it is set
     # (the last stage's one block descending), by compare-exchange at
-    # distances 2**(stage - 1), ..., 1.
+    # distances J = 2**(stage - 1 - step).  In _pair_split's [R, N / 2J, J]
+    # view, pair a holds columns a * 2J + j, whose bit `stage` is bit `step` of a.
     N: tl.constexpr = x.shape[1]
-    cols = tl.arange(0, N)[None, :]                                     # [1, N]
     for stage in tl.static_range(1, log2(N) + 1):
         for step in tl.static_range(stage):
-            # Distance J = 2**(stage - 1 - step): [R, N / 2J, J] each.
             lo, hi = _pair_split(x, 1 << (stage - 1 - step))
-            lo_cols, _ = _pair_split(cols, 1 << (stage - 1 - step))
-            descending = (lo_cols & (1 << stage)) == 0
+            pairs = tl.arange(0, N >> (stage - step))[None, :, None]   # [1, N / 2J, 1]
+            descending = ((pairs >> step) & 1) == 0
             big = tl.maximum(lo, hi)
             small = tl.minimum(lo, hi)
             x = _pair_join(tl.where(descending, big, small), tl.where(descending, small, big))
@@ -140,8 +139,8 @@ def topk_kernel(x_ptr, values_ptr, indices_ptr, keys_ptr, words_ptr, n_rows, n_c
 
 def topk(x, k):
     n_rows, n_cols = x.shape
-    width, _, _ = row_layout(n_cols)
-    rows = block_rows(n_rows, max(width, next_pow2(k)))
+    rows, width = order_tile(n_rows, n_cols)
+    rows = min(rows, block_rows(n_rows, next_pow2(k)))
     n_programs = triton.cdiv(n_rows, rows)
     n_padded = triton.cdiv(n_cols, width) * width
     keys = torch.empty((n_programs * rows, n_padded), dtype=torch.int32, device=x.device)
