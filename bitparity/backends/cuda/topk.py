@@ -89,21 +89,21 @@ def topk_kernel(x_ptr, values_ptr, indices_ptr, keys_ptr, words_ptr, n_rows, n_c
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     lanes = tl.arange(0, W)                                             # [W]
     tile = rows.to(tl.int64)[:, None] * n_padded + lanes[None, :]       # [BLOCK_R, W]
-    # Pass 1: the keys, INT32_MIN outside the rows.
+    # Step 1: the keys, INT32_MIN outside the rows.
     for start in range(0, n_cols, W):
         cols = start + lanes
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
         x = tl.load(x_ptr + row_start[:, None] + cols[None, :], mask=inside, other=0.0)
         tl.store(keys_ptr + tile + start, tl.where(inside, order_key(x), INT32_MIN))
     tl.debug_barrier()
-    # t and c_gt (exact counts; the padding's INT32_MIN is never above t).
+    # Step 2: t and c_gt = n_above (exact counts; the padding's INT32_MIN is never above t).
     t = kth_largest_key(keys_ptr, tile, n_padded, tl.full((BLOCK_R,), k, tl.int64), BLOCK_R, W)[:, None]
     above = tl.full((BLOCK_R, W), 0, tl.int32)                          # [BLOCK_R, W]
     for start in range(0, n_padded, W):
         above += (tl.load(keys_ptr + tile + start) > t).to(tl.int32)
     n_above = tree_sum(above).to(tl.int64)[:, None]                     # [BLOCK_R, 1]
     need = k - n_above
-    # Pass 3, in index order: the elements above t take slots 0 .. n_above - 1
+    # Step 3, in index order: the elements above t take slots 0 .. n_above - 1
     # and the first `need` elements equal to t take n_above .. k - 1, each by
     # how many of its kind come before it (exclusive prefix counts, carried
     # across chunks).  Both counts share one int64 scan: above << 32 | tie.
@@ -125,7 +125,7 @@ def topk_kernel(x_ptr, values_ptr, indices_ptr, keys_ptr, words_ptr, n_rows, n_c
         tl.store(words_ptr + words_row + slot, word, mask=taken)
         seen += tree_sum(flags)[:, None]
     tl.debug_barrier()
-    # Sort the k words (INT64_MIN, below every word, fills slots k .. KP - 1) and decode them.
+    # Step 4: sort the k words (INT64_MIN, below every word, fills slots k .. KP - 1) and decode them.
     positions = tl.arange(0, KP)[None, :]                               # [1, KP]
     used = rows_ok[:, None] & (positions < k)                           # [BLOCK_R, KP]
     words = tl.load(words_ptr + words_row + positions, mask=used, other=INT64_MIN)
