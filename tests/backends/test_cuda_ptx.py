@@ -38,6 +38,14 @@ _GAE_FINISH = {"adv_ptr": "*fp32", "v_ptr": "*fp32", "m_ptr": "*i1", "ret_ptr": 
 _PPO = {"logp_ptr": "*fp32", "old_ptr": "*fp32", "adv_ptr": "*fp32", "loss_ptr": "*fp32",
         "clipped_ptr": "*fp32", "n": "i32", "ratio_low": "fp32", "ratio_high": "fp32",
         "dual_clip": "fp32", "ratio_clamp": "fp32"}
+_FILTER = {"x_ptr": "*fp32", "scale_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+           "keys_ptr": "*i32", "mass_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32", "n_padded": "i32",
+           "n_segments": "i32"}
+_SAMPLE = {**_FILTER, "greedy_ptr": "*i1", "seeds_ptr": "*i64", "positions_ptr": "*i64", "tokens_ptr": "*i64"}
+_TOPK = {"x_ptr": "*fp32", "values_ptr": "*fp32", "indices_ptr": "*i64", "keys_ptr": "*i32", "words_ptr": "*i64",
+         "n_rows": "i32", "n_cols": "i32", "n_padded": "i32", "k": "i32"}
+_PHILOX = {"counters_ptr": "*i64", "keys_ptr": "*i64", "out_ptr": "*i64", "n": "i32"}
+_FILTERS_ON = {"USE_MIN_P": True, "USE_TOP_K": True, "USE_TOP_P": True}
 # GPU geometry (layout.py): GAE's delta tiles of LANES / SCAN_TILE_COLS rows
 # by SCAN_TILE_COLS columns, its reverse loop one row per thread of a
 # SCAN_ROWS-row program.
@@ -51,6 +59,7 @@ _ADD = ("add.rn.f32",)
 _ARITH = ("add.rn.f32", "mul.rn.f32")
 _NAN_MAX = (*_ARITH, "max.NaN.f32")            # the maximum must propagate NaN (spec 4)
 _NAN_CLAMP = (*_NAN_MAX, "min.NaN.f32")        # so must every clamp (spec 16, 17)
+_PHILOX_ROUND = ("mul.hi.u32", "mul.lo.s32", "xor.b32")     # Philox's exact 32x32 -> 64-bit products (spec 19)
 
 # name -> (module, kernel, runtime-argument types, constexpr values, required instructions).
 # A clamp left unset is a None constexpr, so it is compiled both ways.
@@ -79,6 +88,12 @@ KERNELS = {
     "ppo_token_dual_clip": ("ppo", "ppo_token_kernel", _PPO, {"BLOCK": 1024}, _NAN_CLAMP),
     "ppo_token_unclamped": ("ppo", "ppo_token_kernel", _PPO,
                             {"BLOCK": 1024, "dual_clip": None, "ratio_clamp": None}, _NAN_CLAMP),
+    "philox": ("sampling", "philox_kernel", _PHILOX, {"BLOCK": 1024}, _PHILOX_ROUND),
+    "filter_logits": ("sampling", "filter_logits_kernel", {**_FILTER, "out_ptr": "*fp32"},
+                      {**_FILTERS_ON, **_LONG}, _NAN_MAX),
+    "sample": ("sampling", "sample_kernel", _SAMPLE, {**_FILTERS_ON, **_LONG}, (*_NAN_MAX, *_PHILOX_ROUND)),
+    # A beam-search k: 64 sort words per row.
+    "topk": ("topk", "topk_kernel", _TOPK, {"BLOCK_R": 1, "W": 1024, "KP": 64}, _ADD),
 }
 CONTROL = ("control_fused", "control_unfused")
 
@@ -122,7 +137,7 @@ def test_kernel_has_only_canonical_float_instructions(compiled, name):
     assert ".entry" in ptx and ".target sm_90" in ptx
     for instruction in KERNELS[name][4]:
         assert instruction in ptx, f"{instruction} missing"
-    if sass is not None:
+    if sass is not None and "add.rn.f32" in KERNELS[name][4]:
         assert "FADD" in sass
     assert forbidden(ptx, sass) == []
 

@@ -37,11 +37,14 @@ else:
     from .masked import masked_mean, masked_whiten
     from .ppo import ppo_policy_loss
     from .reduce import sum  # noqa: A004 - the op's public name
+    from .sampling import filter_logits, philox, sample
     from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
+    from .topk import topk
 
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
                "entropy", "token_logprobs", "exp", "log",
-               "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss"]
+               "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss",
+               "philox", "topk", "filter_logits", "sample"]
 
 
 def availability():

@@ -8,16 +8,21 @@ operation order, so each op kernel reads as the reference does:
 - ``exp`` / ``log``: the portable exp and log (spec 5, 6);
 - ``reciprocal``: Newton steps plus one Dekker-exact correction (spec 7);
 - ``neg_zeros``: the padding -0.0, which a Triton literal cannot express;
+- ``nans``: quiet NaNs, from their bits;
 - ``put``: writes a segment partial into its slot of a small vector;
 - ``program_rows``: the rows one program handles;
 - ``masked_row_sum``: the canonical sum of the counted entries of each row
   (or of their squared deviations) and their exact count (spec 3, 15);
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
-- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16.
+- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16;
+- ``order_key``: spec 21's order as int32 keys; ``search_probes`` and
+  ``search_narrow``: an 8-way search over keys for a monotone predicate;
+  ``kth_largest_key``: the k-th largest key of each row, by that search with exact counts.
 
 Only float32 add/sub/mul, compares, min/max, selects, exact int32->float32
-conversions, bit casts and int32 add/sub/shift/xor/min are used.  Never ``/``,
+conversions, bit casts and integer arithmetic (exact: counts, keys, Philox's
+uint32 words) are used.  Never ``/``,
 ``tl.exp``/``tl.log``/``tl.sqrt`` (approximate on the GPU, numpy's in the
 interpreter) or a ``tl.sum`` over more than two elements (its order is
 the compiler's): the halving tree splits a tensor into halves and adds them.
@@ -41,7 +46,13 @@ SEGMENT: tl.constexpr = tl.constexpr(spec.SEGMENT)
 NEG_ZERO_BITS: tl.constexpr = tl.constexpr(spec.NEG_ZERO_BITS - (1 << 32))   # 0x80000000 as an int32
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 POS_INF: tl.constexpr = tl.constexpr(float("inf"))
-NAN: tl.constexpr = tl.constexpr(float("nan"))
+# The quiet NaN numpy writes (np.float32(np.nan)), as bits: a NaN-valued
+# global would differ from itself in triton.jit's check that two callees saw
+# the same global values, so no kernel could call log twice.
+NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
+INT32_MIN: tl.constexpr = tl.constexpr(-(1 << 31))
+SEARCH_PROBES: tl.constexpr = tl.constexpr(8)
+SEARCH_PASSES: tl.constexpr = tl.constexpr(11)
 
 EXP_HI: tl.constexpr = tl.constexpr(_f(spec.EXP_HI_BITS))
 EXP_LO: tl.constexpr = tl.constexpr(_f(spec.EXP_LO_BITS))
@@ -108,7 +119,7 @@ def log2(n):
 # -- Reduction structure (spec 3, 4) ------------------------------------------
 
 @triton.jit
-def _halves(x):
+def halves(x):
     # x: [R, W] -> (x[:, :W/2], x[:, W/2:]), each [R, W/2].
     # [R, W] -> [R, 2, W/2] puts x[:, i] and x[:, i + W/2] at [:, 0, i] and
     # [:, 1, i]; moving that axis last lets tl.split take the two halves.
@@ -123,7 +134,7 @@ def tree_sum(x):
     # acc[i] = acc[i] + acc[i + h] for h = W/2, W/4, ..., 1: one float32 add
     # per pair and level, exactly canonical._halving_tree.
     for _ in tl.static_range(log2(x.shape[1])):
-        lo, hi = _halves(x)
+        lo, hi = halves(x)
         x = lo + hi
     return tl.reshape(x, (x.shape[0],))
 
@@ -142,7 +153,7 @@ def tree_max(x):
     # row.  The maximum is order-free; the caller adds +0.0 so that a zero
     # maximum is +0.0 whichever zero came out (spec 4).
     for _ in tl.static_range(log2(x.shape[1])):
-        lo, hi = _halves(x)
+        lo, hi = halves(x)
         x = nan_max(lo, hi)
     return tl.reshape(x, (x.shape[0],))
 
@@ -154,6 +165,12 @@ def neg_zeros(shape: tl.constexpr):
     # -0.0 included, into +0.0 (semantic.scalar_constant), so tl.full(shape,
     # -0.0), tl.where(c, -0.0, x) and other=-0.0 all give +0.0.
     return tl.full(shape, NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nans(shape: tl.constexpr):
+    # A float32 tensor of quiet NaNs (shape () for a scalar), from their bits (see NAN_BITS).
+    return tl.full(shape, NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -274,7 +291,7 @@ def log(x):
     out = (f + y) + ef * LOG_LN2_HI
     out = tl.where(x == POS_INF, POS_INF, out)
     out = tl.where(x == 0.0, NEG_INF, out)
-    out = tl.where(x < 0.0, NAN, out)
+    out = tl.where(x < 0.0, nans(()), out)
     return tl.where(x != x, x, out)
 
 
@@ -369,3 +386,64 @@ def k3(d):
     out = tl.where(tl.abs(d) < K3_SERIES_LIMIT, series, direct)
     # d = +inf: direct is inf - inf; the estimator is +inf.
     return tl.where(d == POS_INF, POS_INF, out)
+
+
+# -- Order and selection (spec 21) ----------------------------------------------
+
+@triton.jit
+def order_key(x):
+    # x: any shape, float32 -> int32 keys in spec 21's order: numerically,
+    # -0.0 == +0.0, -inf below every finite value, every NaN below -inf.
+    # Adding +0.0 turns -0.0 into +0.0.  A non-negative float keeps its bits;
+    # a negative one flips its 31 magnitude bits (b ^ 0x7FFFFFFF = -1 - |x|'s
+    # bits), so it lies below every non-negative key and falls as |x| grows.
+    b = (x + 0.0).to(tl.int32, bitcast=True)
+    key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+    return tl.where(x != x, INT32_MIN, key)
+
+
+@triton.jit
+def search_probes(lo, hi):
+    # lo, hi: [BLOCK_R] int64 -> [BLOCK_R, SEARCH_PROBES] int64 keys
+    # lo + floor((hi - lo) * j / SEARCH_PROBES), j = 1 .. SEARCH_PROBES, ascending
+    # (the last is hi).  Each search pass evaluates its predicate at all of them
+    # in one sweep over the row: the interval shrinks 8-fold per pass, so
+    # SEARCH_PASSES = 11 passes take a 2**32 interval down to hi = lo + 1
+    # (2**32 / 8**10 = 4, and the probes of an interval of <= 8 are all its keys).
+    j = tl.arange(1, SEARCH_PROBES + 1).to(tl.int64)                    # [P]
+    return lo[:, None] + (((hi - lo)[:, None] * j[None, :]) >> log2(SEARCH_PROBES))
+
+
+@triton.jit
+def search_narrow(lo, hi, probes, low_side):
+    # lo, hi: [BLOCK_R]; probes, low_side: [BLOCK_R, P], low_side true on a
+    # prefix of the probes (the predicate holds at lo and fails at hi) ->
+    # (lo, hi): the last probe where it holds (or lo), the first where it fails (or hi).
+    # The first is a maximum; the second a minimum, taken as -max(-v) (int64, no overflow).
+    new_lo = tree_max(tl.where(low_side, probes, lo[:, None]))
+    new_hi = tree_max(tl.where(low_side, -hi[:, None], -probes))
+    return new_lo, -new_hi
+
+
+@triton.jit
+def kth_largest_key(keys_ptr, tile, n_padded, k, BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # keys: rows of n_padded int32 order keys (a multiple of W), INT32_MIN in
+    # the padding; tile: [BLOCK_R, W] offsets of the rows' first W keys;
+    # k: [BLOCK_R] -> [BLOCK_R] int64: the largest t with #{i : key_i >= t} >= k,
+    # the key of the k-th largest value counting repeats (1 <= k <= the row's length).
+    # Search over all 2**32 int32 keys: every key is >= lo = -2**31, none is
+    # >= hi = 2**31, and every probe is above INT32_MIN, so the padding is
+    # never counted.  The counts are exact integers: the order the lanes and
+    # the tree add them in cannot matter.
+    lo = tl.full((BLOCK_R,), INT32_MIN, tl.int64)                       # [BLOCK_R]
+    hi = tl.full((BLOCK_R,), 1 << 31, tl.int64)                         # [BLOCK_R]
+    for _ in range(SEARCH_PASSES):
+        probes = search_probes(lo, hi)                                  # [BLOCK_R, P]
+        bounds = probes[:, :, None]                                     # [BLOCK_R, P, 1]
+        counts = tl.full((BLOCK_R, SEARCH_PROBES, W), 0, tl.int32)      # [BLOCK_R, P, W]
+        for start in range(0, n_padded, W):
+            keys = tl.load(keys_ptr + tile + start).to(tl.int64)[:, None, :]    # [BLOCK_R, 1, W]
+            counts += (keys >= bounds).to(tl.int32)
+        totals = tl.reshape(tree_sum(tl.reshape(counts, (BLOCK_R * SEARCH_PROBES, W))), (BLOCK_R, SEARCH_PROBES))
+        lo, hi = search_narrow(lo, hi, probes, totals >= k[:, None])
+    return lo

@@ -70,6 +70,21 @@ def scan_tile(n_rows, n_cols):
     return block_rows(n_rows, width), width
 
 
+def order_tile(n_rows, n_cols):
+    """(BLOCK_R, W): rows and columns of a tile of topk, whose passes only compare and count.
+
+    No sum's structure depends on W there, so it is free.  The interpreter
+    takes all rows it can at LANES columns, then widens the tile up to
+    INTERPRETER_TILE elements (few long rows: one wide tile); the GPU takes
+    LANES columns of one row.
+    """
+    if triton.knobs.runtime.interpret:
+        rows = min(next_pow2(n_rows), INTERPRETER_TILE // spec.LANES)
+        return rows, min(next_pow2(n_cols), max(spec.LANES, INTERPRETER_TILE // rows))
+    width = min(next_pow2(n_cols), spec.LANES)
+    return block_rows(n_rows, width), width
+
+
 def block_elements(n):
     """Elements per program for the 1-D elementwise kernels."""
     if triton.knobs.runtime.interpret:
