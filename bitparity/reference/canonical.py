@@ -539,11 +539,16 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     """[R, V] -> int64 [R]: the sampled token of each row, -1 where there is none (spec 22).
 
     A greedy row takes the lowest-index maximum of x. Any other row takes the lowest-index
-    maximum of f_i - log(E_i), f = filter_logits(...), E_i its Exp(1) variate (the exponential
+    maximum of (f_i - shift) - log(E_i), f = filter_logits(...), shift its row maximum, E_i token i's
+    Exp(1) variate (the exponential
     race, i.e. Gumbel-max in log space). A row holding a NaN or +inf logit, or no finite one, gives -1.
     """
     f = filter_logits(x, scale, top_k, top_p, min_p)
     bad = np.isnan(f[:, 0])
-    scores = f - race_noise(seeds, positions, x.shape[1])
+    # Scores relative to the row maximum (kept whenever anything is): f - shift rounds at the scale of
+    # the difference for every token that can win, so ties do not grow with the logits' magnitude.
+    top = np.max(np.where(bad[:, None], NEG_INF, f), axis=1) + F32(0.0)
+    shift = np.where(top == NEG_INF, F32(0.0), top)
+    scores = (f - shift[:, None]) - race_noise(seeds, positions, x.shape[1])
     w = np.where(greedy[:, None], x, scores)
     return np.where(bad, np.int64(-1), _first_argmax(np.where(bad[:, None], NEG_INF, w)))

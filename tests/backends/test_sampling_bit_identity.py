@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bitparity.backends import _module
+from bitparity.reference import canonical
 from bitparity.compare.metrics import canonical_bits
 
 # Random123's kat_vectors for philox4x32 10: counter, key, expected output.
@@ -121,3 +122,109 @@ def test_sample_is_batch_invariant(any_backend):
     for r in (0, 7, args[0].shape[0] - 1):
         alone = module.sample(*(a[r:r + 1].contiguous() for a in args))
         assert alone.item() == whole[r].item()
+
+
+# -- Knife edges: inputs whose decision a 1-ulp error anywhere on the path would flip ------------------------
+
+def _noise_at(seeds, positions, tokens):
+    """Spec 20's noise of one token per row, from spec 19's counter layout written out here (not
+    through race_noise): Philox(token >> 1, pos_lo, pos_hi, SAMPLE_STREAM; seed_lo, seed_hi), words
+    (0, 1) for an even token and (2, 3) for an odd one."""
+    u = lambda v: np.asarray(v, dtype=np.int64).view(np.uint64)
+    lo = lambda v: (u(v) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    hi = lambda v: (u(v) >> np.uint64(32)).astype(np.uint32)
+    counters = np.stack([(np.asarray(tokens) >> 1).astype(np.uint32), lo(positions), hi(positions),
+                         np.zeros(len(tokens), dtype=np.uint32)], axis=1)
+    words = canonical.philox(counters, np.stack([lo(seeds), hi(seeds)], axis=1))
+    odd = (np.asarray(tokens) & 1).astype(bool)
+    a, b = np.where(odd, words[:, 2], words[:, 0]), np.where(odd, words[:, 3], words[:, 1])
+    return canonical.log(canonical._exponential(a, b))
+
+
+def _knife_edge_race(pairs=240, vocab=4096):
+    """Sampling args for rows where two tokens' race scores are exactly tied, or one ulp apart either way.
+
+    Each row keeps two tokens i < j (every other logit -inf). The one with the larger noise, a, has
+    logit 0 (the row maximum, so shift = 0); the other, b, the logit d <= 0 that makes d - noise_b land
+    on -noise_a, one ulp below it, or one ulp above it. A backend whose noise or score arithmetic is off
+    by one ulp for either token picks the other token in some of these rows. The candidates are
+    searched so that a third of them draw a noise from spec 20's fine branch (V < 2**-8); a pair whose
+    exact tie no float32 d reaches is left out (about half of them).
+    """
+    rng = np.random.default_rng(77)
+    m = 256 * pairs
+    seeds, positions = rng.integers(-2**62, 2**62, m), rng.integers(0, 2**40, m)
+    i = rng.integers(0, vocab - 1, m)
+    j = i + 1 + (rng.integers(0, vocab, m) % (vocab - 1 - i))
+    n_i, n_j = _noise_at(seeds, positions, i), _noise_at(seeds, positions, j)
+    fine = np.minimum(n_i, n_j) < np.float32(-5.6)            # log(E) < log(2**-8)
+    pick = np.concatenate([np.flatnonzero(fine)[: pairs // 3], np.flatnonzero(~fine)[: pairs - pairs // 3]])
+    x, want, keep = [], [], []
+    for r in pick:
+        (a, na), (b, nb) = sorted(((i[r], n_i[r]), (j[r], n_j[r])), key=lambda t: -t[1])
+        target = np.float32(-na)                               # a's score: (0 - 0) - n_a
+        d = np.float32(np.float64(nb) - np.float64(na))
+        for _ in range(8):                                     # walk d until d - n_b rounds onto the target
+            s = np.float32(d - nb)
+            if s == target:
+                break
+            d = np.nextafter(d, np.float32(np.inf) if s < target else np.float32(-np.inf))
+        if np.float32(d - nb) != target or d > 0:
+            continue
+        for step, winner in ((0, min(a, b)), (-1, a), (1, b)):   # tied (lower index wins), b below, b above
+            dd = d
+            while step and np.float32(dd - nb) == target:
+                dd = np.nextafter(dd, np.float32(np.inf) if step > 0 else np.float32(-np.inf))
+            if dd > 0:
+                continue
+            row = np.full(vocab, -np.inf, dtype=np.float32)
+            row[a], row[b] = 0.0, dd
+            x.append(row)
+            want.append(winner)
+            keep.append(r)
+    rows = len(x)
+    args = (torch.from_numpy(np.stack(x)), torch.ones(rows), torch.zeros(rows, dtype=torch.int64), torch.ones(rows),
+            torch.zeros(rows), torch.zeros(rows, dtype=torch.bool), torch.from_numpy(seeds[keep]),
+            torch.from_numpy(positions[keep]))
+    return args, torch.tensor(want)
+
+
+def test_knife_edge_race_is_decided_by_the_reference_noise():
+    """The construction works: the reference itself picks the designed token in every row."""
+    args, want = _knife_edge_race()
+    assert len(want) > 300
+    got = _module("numpy").sample(*args)
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {len(want)} rows not as designed"
+
+
+def test_sample_agrees_on_knife_edge_races(backend):
+    args, want = _knife_edge_race()
+    got = _module(backend).sample(*args)
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {len(want)} knife-edge rows differ"
+
+
+def _knife_edge_top_p(rows=24, vocab=20000):
+    """filter_logits args for rows where top_p * Z sits on the canonical mass above the cut value:
+    p = A(v)/Z rounded to float32, and one float32 step either side. Two segments per row, so a
+    backend that sums Z or A(v) in any order other than spec 3's keeps a different set in some rows."""
+    rng = np.random.default_rng(78)
+    x = (rng.standard_normal((rows, vocab)) * 2.5).astype(np.float32)
+    e = canonical.exp(x - x.max(axis=1, keepdims=True))
+    total = canonical.canonical_sum(e)
+    top_p = []
+    for r in range(rows):
+        cut = np.sort(x[r])[::-1][1 + r % 4]                     # a value below the top few tokens
+        above = canonical.canonical_sum(np.where(x[r:r + 1] > cut, e[r:r + 1], np.float32(-0.0)))[0]
+        p = np.float32(np.float64(above) / np.float64(total[r]))
+        top_p.append([p, np.nextafter(p, np.float32(0)), np.nextafter(p, np.float32(1))][r % 3])
+    n = len(top_p)
+    return (torch.from_numpy(x), torch.ones(n), torch.zeros(n, dtype=torch.int64),
+            torch.tensor(np.array(top_p, dtype=np.float32)), torch.zeros(n))
+
+
+def test_filter_logits_agrees_on_knife_edge_top_p(backend):
+    args = _knife_edge_top_p()
+    want = _module("numpy").filter_logits(*args)
+    got = _module(backend).filter_logits(*args)
+    bad = (canonical_bits(got) != canonical_bits(want)).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"rows {bad} differ"

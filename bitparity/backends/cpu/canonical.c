@@ -1401,20 +1401,24 @@ static void filter_logits_row(const struct select_args *a, int64_t r, int64_t n,
             orow[i] = NAN_F32;
 }
 
-/* The lowest-index maximum of f_i - noise_i over the kept positions cand[0:nc]
- * (ascending; spec 22), or -1 if there are none.  Only blocks holding a kept
- * token get noise; every score is finite, so the first one is taken. */
+/* The lowest-index maximum of (f_i - shift) - noise_i over the kept positions
+ * cand[0:nc] (ascending; spec 22), shift the largest kept value (the row
+ * maximum, which every filter keeps), or -1 if there are none.  Only blocks
+ * holding a kept token get noise; every score is finite, so the first one is
+ * taken. */
 static int64_t race_winner(const float *f, const int64_t *cand, int64_t nc, int64_t seed, int64_t position)
 {
     float noise[NOISE_BLOCK];
-    float best = NEG_INF;
+    float best = NEG_INF, shift = NEG_INF;
     int64_t token = -1;
+    for (int64_t c = 0; c < nc; c++)
+        shift = f[cand[c]] > shift ? f[cand[c]] : shift;   /* a zero's sign cannot change a comparison below */
     for (int64_t c = 0; c < nc;) {
         int64_t b = cand[c] - cand[c] % NOISE_BLOCK;
         noise_block((uint64_t)seed, (uint64_t)position, b, noise);
         for (; c < nc && cand[c] < b + NOISE_BLOCK; c++) {
             int64_t i = cand[c], r = i - b;
-            float score = f[i] - noise[(r & 1) * (NOISE_BLOCK / 2) + (r >> 1)];
+            float score = (f[i] - shift) - noise[(r & 1) * (NOISE_BLOCK / 2) + (r >> 1)];
             if (score > best) {
                 best = score;
                 token = i;

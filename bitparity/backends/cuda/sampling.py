@@ -12,7 +12,7 @@ filter_logits handles each row in passes over it:
 Top-k and top-p each keep the tokens whose key reaches a threshold, so the kept set is one
 floor on the keys.  Steps 3 and 4 are 8-way searches (canonical.search_probes): 11 sweeps
 of the scratch rows each, every sweep evaluating 8 probes.  sample runs steps 1-4 and then
-takes the lowest-index maximum of out - noise, the noise of each token from Philox (spec 19, 20).
+takes the lowest-index maximum of (out - shift) - noise, shift the row maximum, the noise of each token from Philox (spec 19, 20).
 
 On a GPU one program takes one row (layout.block_rows); the sweeps run in sequence within
 it.  A split-row version for [64, 151936] would give each segment its own program in every
@@ -161,8 +161,8 @@ def _filter_rows(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, ma
                  USE_MIN_P: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                  BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # Steps 1-4 of the module docstring for this program's rows -> (rows,
-    # rows_ok, row_start, tile, scale, bad, floor): the rows (program_rows),
-    # their scratch offsets tile [BLOCK_R, W], scale [BLOCK_R, 1], and bad and
+    # rows_ok, row_start, tile, scale, shift, bad, floor): the rows (program_rows),
+    # their scratch offsets tile [BLOCK_R, W], scale and shift [BLOCK_R, 1], and bad and
     # floor [BLOCK_R]: the tokens kept are those whose scratch key is >= floor.
     # Scratch rows are n_padded wide, a multiple of W, and hold order_key(w)
     # for a kept token and INT32_MIN for the others and the padding
@@ -226,7 +226,7 @@ def _filter_rows(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, ma
                                BLOCK_R, W, GP)
             lo, hi = search_narrow(lo, hi, probes, mass >= thr)
         floor = tl.where(top_p < 1.0, tl.maximum(floor, hi), floor)
-    return rows, rows_ok, row_start, tile, scale, bad, floor
+    return rows, rows_ok, row_start, tile, scale, shift, bad, floor
 
 
 @triton.jit
@@ -236,7 +236,7 @@ def filter_logits_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_
                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, out: [n_rows, n_cols]; scale, top_k, top_p, min_p: [n_rows];
     # keys, mass: scratch [programs * BLOCK_R, n_padded].
-    rows, rows_ok, row_start, tile, scale, bad, floor = _filter_rows(
+    rows, rows_ok, row_start, tile, scale, shift, bad, floor = _filter_rows(
         x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr, n_rows, n_cols, n_padded,
         n_segments, USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
     # out = select(kept, w, -inf), all NaN on a bad row.
@@ -272,8 +272,9 @@ def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr,
                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x: [n_rows, n_cols]; the parameters and tokens: [n_rows]; keys, mass: as filter_logits_kernel's.
     # token = lowest index of max_i score_i, score = x on greedy rows, else
-    # f - noise with f the filtered logits; -1 on a bad row or when every score is -inf.
-    rows, rows_ok, row_start, tile, scale, bad, floor = _filter_rows(
+    # (f - shift) - noise with f the filtered logits and shift the row maximum;
+    # -1 on a bad row or when every score is -inf.
+    rows, rows_ok, row_start, tile, scale, shift, bad, floor = _filter_rows(
         x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, keys_ptr, mass_ptr, n_rows, n_cols, n_padded,
         n_segments, USE_MIN_P, USE_TOP_K, USE_TOP_P, BLOCK_R, W, GP)
     greedy = tl.load(greedy_ptr + rows, mask=rows_ok, other=False)[:, None]     # [BLOCK_R, 1]
@@ -292,7 +293,7 @@ def sample_kernel(x_ptr, scale_ptr, top_k_ptr, top_p_ptr, min_p_ptr, greedy_ptr,
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
         x = tl.load(x_ptr + offs, mask=inside, other=NEG_INF)
         f = tl.where(tl.load(keys_ptr + tile + start) >= floor[:, None], x * scale, NEG_INF)
-        score = tl.where(greedy, x, f - race_noise(start, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W))
+        score = tl.where(greedy, x, (f - shift) - race_noise(start, pos_lo, pos_hi, seed_lo, seed_hi, BLOCK_R, W))
         better = score > best
         best = tl.where(better, score, best)
         best_cols = tl.where(better, cols[None, :], best_cols)

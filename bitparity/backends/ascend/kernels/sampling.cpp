@@ -35,7 +35,7 @@
 //      A is non-increasing in v (spec 21), so this is the spec's v*.
 //   5. The output pass: kv, or NaN for a row with no distribution.
 // sample: a greedy row skips 2-4 (w = x, its scale being 1.0); any other row runs
-// them, then score = kv - log(E) with E the exponential variate of spec 20; the token
+// them, then score = (kv - shift) - log(E) with E the exponential variate of spec 20; the token
 // is the lowest index of the maximum score: lane-wise, chunk by chunk, a strictly
 // greater score replaces the lane's best (so a lane keeps its lowest index), then the
 // maximum over lanes and the lowest index among the lanes holding it.  -1 when the
@@ -527,7 +527,8 @@ private:
                 ComputeKept(kv, plan, len, false);
                 if (!greedy) {
                     ComputeNoise(noise, start, len, key, pos);
-                    AscendC::Sub(kv, kv, noise, lanes);     // score = f - log(E)
+                    AscendC::Adds(kv, kv, -plan.shift, lanes);  // f + (-shift) == f - shift in IEEE
+                    AscendC::Sub(kv, kv, noise, lanes);         // score = (f - shift) - log(E)
                 }
                 // Token indices are below 2^24: exact as floats.
                 AscendC::Adds(index, laneIndexBuf.Get<float>(), static_cast<float>(start), lanes);
