@@ -349,11 +349,14 @@ def _row_values(name, value, x, integer):
                              f"got shape {tuple(value.shape)}")
         if value.device != x.device:
             raise ValueError(f"{name} must be on logits' device, {x.device}; got {value.device}")
-        return value.detach().reshape(-1).cpu().numpy().astype(np.int64 if integer else np.float64)
+        # Converted by torch first: numpy has no bfloat16, and every other dtype widens exactly.
+        return value.detach().reshape(-1).to(torch.int64 if integer else torch.float64).cpu().numpy()
     wanted = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, wanted):
         raise TypeError(f"{name} must be {'an integer' if integer else 'a real number'} or a tensor; "
                         f"got {type(value).__name__}")
+    if integer and not -2 ** 63 <= value < 2 ** 63:
+        raise ValueError(f"{name} must fit in int64; got {value}")
     return np.full(rows, value, dtype=np.int64 if integer else np.float64)
 
 
@@ -429,11 +432,12 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     """One token per row by the exponential race over filter_logits(...) with Philox noise of
     (seed, position, token index) only (spec 19-22): logits [B, V] -> (tokens int64 [B], logprobs f32 [B]).
 
-    temperature 0 (a scalar, or per row) is greedy: the lowest-index maximum. A row with no
-    distribution (a NaN or +inf logit, or every logit -inf) gives token -1. logprobs names the
+    temperature 0 (a scalar, or per row) is greedy: the lowest-index maximum, with no filters. A row with
+    no distribution (a NaN or +inf logit, or every logit -inf) gives token -1. logprobs names the
     distribution whose log-probability is returned (spec 22.1): "processed" (what was sampled from,
     after temperature and filters), "scaled" (temperature only, what RL trainers recompute) or "raw"
-    (the model's logits, vLLM's default); -1 rows get NaN (a NaN or +inf logit) or -inf.
+    (the model's logits, vLLM's default); greedy rows get the raw one under every name; -1 rows get NaN
+    (a NaN or +inf logit) or -inf.
     """
     _check_float_tensor("logits", logits, 2)
     if logits.dim() != 2:
@@ -448,11 +452,12 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     filters = _filter_params(logits, top_k, top_p, min_p)
     x = _rows(logits)
     tokens = _call("sample", backend, x, scale, *filters, greedy, seeds, positions)
-    # spec 22.1: each kind is token_logprobs of one distribution; greedy rows have scale 1.0.
+    # spec 22.1: each kind is token_logprobs of one distribution; greedy rows have scale 1.0 and no
+    # filters, so all three kinds are the raw log-probability there.
     w = x * scale[:, None]
     picked = tokens.clamp(min=0)
     if logprobs == "processed":
-        dist = _call("filter_logits", backend, x, scale, *filters)
+        dist = torch.where(greedy[:, None], x, _call("filter_logits", backend, x, scale, *filters))
     else:
         dist = w if logprobs == "scaled" else x
     out = _call("token_logprobs", backend, dist, picked, 1.0)

@@ -39,6 +39,7 @@ def _bits_equal(a, b):
     ({"top_k": 2.0}, TypeError, "top_k must be an integer"),
     ({"top_k": True}, TypeError, "top_k must be an integer"),
     ({"top_k": torch.tensor([1.0, 2.0, 3.0])}, TypeError, "top_k must be an integer tensor"),
+    ({"top_k": 2 ** 70}, ValueError, "top_k must fit in int64; got 1180591620717411303424"),
     ({"min_p": -0.1}, ValueError, r"min_p must be in \[0, 1\]"),
     ({"min_p": 1.5}, ValueError, r"min_p must be in \[0, 1\]"),
     ({"min_p": torch.tensor([0.1, 0.2, 2.0])}, ValueError, r"min_p must be in \[0, 1\].*got 2.0"),
@@ -190,6 +191,20 @@ def test_filter_logits_per_row_equals_scalar_calls():
         assert _bits_equal(whole[r:r + 1], alone)
 
 
+def test_bfloat16_and_float16_parameter_tensors_act_as_their_exact_float32_values():
+    x = _grid_logits(4, 64, 3)
+    params = {**PER_ROW, "top_p": torch.tensor([0.9, 1.0, 0.5, 1e-3])}          # float16 has no 1e-30
+    floats = ("temperature", "top_p", "min_p")
+    for dtype in (torch.bfloat16, torch.float16):
+        narrow = {k: v.to(dtype) if k in floats else v.to(torch.int32) for k, v in params.items()}
+        wide = {k: v.to(torch.float32) if k in floats else v.to(torch.int64) for k, v in narrow.items()}
+        assert _bits_equal(bp.filter_logits(x, backend="numpy", **narrow), bp.filter_logits(x, backend="numpy", **wide))
+        seeds, positions = torch.arange(4), torch.arange(4) * 3
+        got = bp.sample(x, seeds, positions, backend="numpy", **narrow)
+        want = bp.sample(x, seeds, positions, backend="numpy", **wide)
+        assert torch.equal(got[0], want[0]) and _bits_equal(got[1], want[1])
+
+
 def test_filter_logits_is_the_canonical_reference_on_rounded_parameters():
     x = _grid_logits(4, 64, 4)
     got = bp.filter_logits(x, backend="numpy", **PER_ROW)
@@ -223,9 +238,10 @@ def test_logprobs_are_the_stated_compositions(kind):
     ok = torch.tensor([0, 1, 2, 3, 7])
     greedy = params["temperature"][ok] == 0
     t = torch.where(greedy, 1.0, params["temperature"][ok])          # a greedy row uses T = 1
-    if kind == "processed":
+    if kind == "processed":                                            # a greedy row has no filters
         dist = bp.filter_logits(x[ok], temperature=t, top_k=params["top_k"][ok], top_p=params["top_p"][ok],
                                 min_p=params["min_p"][ok], backend="numpy")
+        dist = torch.where(greedy[:, None], x[ok], dist)
         want = bp.token_logprobs(dist, tokens[ok], backend="numpy")
     elif kind == "scaled":
         want = bp.token_logprobs(x[ok], tokens[ok], temperature=t, backend="numpy")
@@ -233,6 +249,18 @@ def test_logprobs_are_the_stated_compositions(kind):
         want = bp.token_logprobs(x[ok], tokens[ok], backend="numpy")
     assert _bits_equal(logprobs[ok], want)
     assert torch.equal(tokens[1], x[1].argmax())                       # greedy: the first maximum
+
+
+def test_greedy_rows_return_the_raw_logprob_under_every_kind():
+    """Spec 22: filters are not applied to a greedy row, so "processed" is what it was chosen from: the raw logits."""
+    x = _grid_logits(2, 40, 6)
+    filters = {"top_k": 3, "top_p": 0.5, "min_p": 0.1}
+    raw = bp.token_logprobs(x, x.argmax(dim=1), backend="numpy")
+    filtered = bp.filter_logits(x, **filters, backend="numpy")
+    assert (bp.token_logprobs(filtered, x.argmax(dim=1), backend="numpy") > raw).all()   # the filters remove mass
+    for kind in ("processed", "scaled", "raw"):
+        tokens, logprobs = bp.sample(x, SEEDS[:2], POS[:2], temperature=0.0, logprobs=kind, backend="numpy", **filters)
+        assert torch.equal(tokens, x.argmax(dim=1)) and _bits_equal(logprobs, raw)
 
 
 def test_a_logit_that_overflows_under_temperature_gives_token_minus_one_and_nan():

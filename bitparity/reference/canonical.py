@@ -429,9 +429,9 @@ def race_noise(seeds, positions, n):
 
 
 def _exponential(a_word, b_word):
-    """Two uint32 words -> an Exp(1) variate E = -log(1 - V), V uniform in (0, 1) (spec 20).
+    """Two uint32 words -> an Exp(1) variate E = -log(1 - U), U uniform in (0, 1) (spec 20).
 
-    V has 24 random bits where V >= 2**-8, and 23 more below, so that small E (which is what
+    U has 24 random bits where U >= 2**-8, and 23 more below, so that small E (which is what
     lets an unlikely token win the race) is resolved down to 2**-47 rather than 2**-24.
     """
     a = (a_word >> np.uint32(8)).astype(I32)                     # 24 bits
