@@ -69,12 +69,12 @@ def _verify(args):
     matched = sum(r["match"] for r in rows)
     summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} cases match the golden digests of "
                f"spec {doc['spec_version']} ({path}); {len(rows) - matched} mismatch")
-    cells = [(r["name"], "match" if r["match"] else "MISMATCH",
+    cells = [(r["name"], "match" if r["match"] else f"ERROR {r['error']}" if r["error"] else "MISMATCH",
               "" if r["match"] else "-" if r["max_ulp"] is None else f"{r['max_ulp']:.3g}",
               "" if r["first_diff"] is None else r["first_diff"]) for r in rows]
     table = tabulate(cells, headers=("case", "result", "max ulp vs local canonical", "first differing index"),
                      tablefmt="github")
-    local_agrees = [r["name"] for r in rows if not r["match"] and r["first_diff"] is None]
+    local_agrees = [r["name"] for r in rows if not r["match"] and not r["error"] and r["first_diff"] is None]
     note = (f"\n{len(local_agrees)} mismatching case(s) equal this machine's canonical result bit for bit: "
             f"the golden file, not {args.backend}, differs from the code here") if local_agrees else ""
     _emit(args.format, f"{table}\n\n{summary}{note}", f"# bitparity verify\n\n{table}\n\n{summary}{note}",

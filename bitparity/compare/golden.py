@@ -108,7 +108,8 @@ def verify(backend, tier="quick", golden=None, progress=True):
     """Run the tier on backend and check each case against the golden digests.
 
     Returns one dict per case: name, op, match, and for a mismatch max_ulp and first_diff against
-    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build).
+    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build);
+    error is the exception's text when the case raised on backend (then match is False), else None.
     """
     golden = golden if golden is not None else load()
     if golden["spec_version"] != SPEC_VERSION or golden["suite_version"] != cases.SUITE_VERSION:
@@ -125,11 +126,16 @@ def verify(backend, tier="quick", golden=None, progress=True):
     with Progress(len(suite), f"verify {tier} on {backend}", enabled=progress) as bar:
         for case in suite:
             inputs = case.inputs()
-            out = case.run(backend, inputs)
-            row = {"name": case.name, "op": case.op, "match": digest(out) == want[case.name],
-                   "max_ulp": None, "first_diff": None}
-            if not row["match"]:
-                row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
+            row = {"name": case.name, "op": case.op, "match": False, "max_ulp": None, "first_diff": None,
+                   "error": None}
+            try:
+                out = case.run(backend, inputs)
+            except Exception as err:                # a case that raises is a failed case, not the end of the run
+                row["error"] = f"{type(err).__name__}: {err}"
+            else:
+                row["match"] = digest(out) == want[case.name]
+                if not row["match"]:
+                    row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
             results.append(row)
             bar.step(case.name)
     return results
