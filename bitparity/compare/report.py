@@ -53,15 +53,18 @@ def packages():
             "triton": _version("triton"), "torch_npu": _version("torch_npu")}
 
 
-def cpu_name():
+def cpuinfo():
+    """The first processor's fields in /proc/cpuinfo, {} where there is no such file."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            first = f.read().split("\n\n")[0]
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+
+
+def cpu_name():
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def _nvidia_driver():
