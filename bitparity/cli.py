@@ -77,7 +77,8 @@ def _add_compare_parser(sub):
                    help="backends to run (repeatable; default: all available); one not available here is skipped "
                         "with a warning on stderr")
     p.add_argument("--op", action="append", choices=OPS, help="ops to run (repeatable; default: all)")
-    cli_common.add_tier_args(p)
+    tiers = cli_common.add_tier_args(p)
+    tiers.add_argument("--suite", dest="tier", choices=cli_common.TIERS, help="the older spelling of --quick / --full")
     cli_common.add_format_args(p)
     p.add_argument("--seed", type=int, default=0, help="input seed (the golden digests are for seed 0)")
     p.add_argument("--out", "--json", dest="out", default="bitparity-report.json",

@@ -7,7 +7,7 @@ parts of a tuple concatenated in order.  The committed file
 tests/golden/spec-v<SPEC_VERSION>.json is written by the `cpu` backend
 (equal bit for bit to the `numpy` backend, the spec executed):
 
-    python -m bitparity.compare.golden --write [--quick]
+    python -m bitparity.compare.golden --write [--quick --out FILE]
 """
 
 import argparse
@@ -144,11 +144,15 @@ def verify(backend, tier="quick", golden=None, progress=True):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bitparity.compare.golden", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", required=True, help="recompute and write the golden file")
+    parser.add_argument("--write", action="store_true", required=True,
+                        help="recompute and write the golden file (required: a deliberate flag, since the "
+                             "default file is committed and verify trusts it)")
     parser.add_argument("--quick", action="store_true", help="the quick tier only (default: the full tier, "
                                                              "which holds the quick cases too)")
     parser.add_argument("--out", help="where to write (default: tests/golden/spec-v<SPEC_VERSION>.json)")
     args = parser.parse_args(argv)
+    if args.quick and not args.out:
+        parser.error("--quick needs --out: the default file holds the full tier, which verify --full needs")
     doc = compute("quick" if args.quick else "full")
     path = Path(args.out) if args.out else default_path()
     path.parent.mkdir(parents=True, exist_ok=True)

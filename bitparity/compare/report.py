@@ -150,9 +150,11 @@ def backends_table(rows=None):
 
 def where(doc):
     d, p = doc["device"], doc["packages"]
-    accel = ", ".join(f"{k} {v}" for k, v in d.items() if k != "cpu" and v) or "no GPU or NPU"
+    # A CUDA build of torch reports its runtime on a box without a GPU: toolkits are not devices.
+    accel = ", ".join(f"{k} {d[k]}" for k in ("gpu", "npu") if d.get(k)) or "no GPU or NPU"
+    toolkits = "".join(f", {k} {v}" for k, v in d.items() if k not in ("cpu", "gpu", "npu") and v)
     pkgs = ", ".join(f"{k} {v}" for k, v in p.items() if v)
-    return f"{d['cpu']} ({doc['machine']['cpu_count']} cores); {accel}; {pkgs}"
+    return f"{d['cpu']} ({doc['machine']['cpu_count']} cores); {accel}{toolkits}; {pkgs}"
 
 
 def header(doc):

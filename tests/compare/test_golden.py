@@ -29,7 +29,8 @@ def test_digest_is_sha256_of_little_endian_canonical_bits():
 
 def test_golden_file_describes_this_suite(committed):
     assert committed["spec_version"] == SPEC_VERSION and committed["suite_version"] == cases.SUITE_VERSION
-    full = cases.suite(committed["tier"])
+    assert committed["tier"] == "full"           # the full tier holds the quick cases too: verify --full needs it
+    full = cases.suite("full")
     assert [(c["name"], c["op"], c["tier"], c["shapes"]) for c in committed["cases"]] == \
         [(c.name, c.op, c.tier, c.shapes) for c in full]
 
@@ -109,3 +110,9 @@ def test_verify_records_a_case_that_raises_and_goes_on(committed, monkeypatch):
     assert [r["op"] for r in rows] == [c.op for c in picked]
     assert all(not r["match"] and r["error"] == "ValueError: exp is broken here" for r in rows if r["op"] == "exp")
     assert all(r["match"] and r["error"] is None for r in rows if r["op"] == "log")
+
+
+def test_golden_write_quick_must_not_overwrite_the_full_file(capsys):
+    with pytest.raises(SystemExit):
+        golden.main(["--write", "--quick"])
+    assert "--quick needs --out" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bitparity import SPEC_VERSION, cli
-from bitparity.compare import cases, golden, schema
+from bitparity.compare import cases, golden, report, schema
 
 BACKENDS = ("numpy", "cpu", "ascend", "native")
 OPS = ("log_softmax", "masked_whiten")
@@ -146,3 +146,9 @@ def test_ulp_histogram_bins():
     assert dict(zip(ULP_BIN_LABELS, counts.tolist())) == {
         "0": 1, "<=1/8": 2, "<=1/4": 1, "<=1/2": 0, "<=1": 1, "<=2": 1, "<=4": 0, "<=8": 0, "<=16": 0,
         "<=64": 0, "<=1024": 0, ">1024": 1, "inf": 1}
+
+
+def test_where_names_no_accelerator_for_a_cuda_build_without_a_gpu():
+    doc = {"device": {"cpu": "Xeon", "gpu": None, "npu": None, "cuda_runtime": "12.8", "cuda_driver": None,
+                      "cann": None}, "packages": {"torch": "2.9"}, "machine": {"cpu_count": 2}}
+    assert report.where(doc) == "Xeon (2 cores); no GPU or NPU, cuda_runtime 12.8; torch 2.9"
