@@ -5,38 +5,25 @@ time step over a [B] slice. Prints a table of median times and the speed-up.
 Run: python benchmarks/bench_gae.py
 """
 
-import platform
-import time
-
-import numpy as np
 import torch
 from tabulate import tabulate
 
 import bitparity as bp
 from bitparity.compare import cases
+from bitparity.compare.report import cpu_name
+from bitparity.compare.timing import measure
 
 SHAPES = ((256, 4096), (4096, 512))
 BACKENDS = ("native", "cpu", "numpy")
 
 
-def median_ms(fn, runs=5):
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
-
-
 def main():
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"machine: {cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     rows = []
     for b, t in SHAPES:
         d = cases.make_rl_batch(b, t, seed=0)
-        times = {name: median_ms(lambda: bp.gae(d["rewards"], d["values"], d["mask"], 0.99, 0.95, backend=name))
+        times = {name: measure(lambda: bp.gae(d["rewards"], d["values"], d["mask"], 0.99, 0.95, backend=name),
+                               repeats=5).median_ms
                  for name in BACKENDS}
         for name in BACKENDS:
             rows.append((f"[{b}, {t}]", name, f"{times[name]:.2f}", f"{times['native'] / times[name]:.1f}x"))

@@ -5,13 +5,16 @@ block at a time."""
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from tabulate import tabulate
 
-from .backends import NAMES
+from .backends import NAMES, availability
 from .compare import bench, cli_common, diff, golden, probe, report, schema
+from .compare import plots as plotting    # draws nothing, and needs no matplotlib, until asked
 from .compare.run import OPS, compare
 from .spec import SPEC_VERSION
 
@@ -20,9 +23,35 @@ def _emit(fmt, table, markdown, doc):
     print({"table": table, "markdown": markdown}[fmt] if fmt != "json" else json.dumps(doc, indent=1))
 
 
+def _fail(command, message):
+    """Exit status 2 (bad input) with `bitparity <command>: message` on stderr."""
+    print(f"bitparity {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _writable(path):
+    """Why a file cannot be written at path, or None (checked before a long run, not after it)."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"{path}: no folder {folder}"
+    return None if os.access(folder, os.W_OK) else f"{path}: folder {folder} is not writable"
+
+
 # -- compare ------------------------------------------------------------------------
 
 def _compare(args):
+    if args.plots:
+        try:
+            plotting.pyplot()
+        except ImportError as error:
+            return _fail("compare", f"--plots: {error}")
+    why = _writable(args.out)
+    if why:
+        return _fail("compare", f"--out {why}")
+    for b in args.backend or ():
+        available, reason = availability(b)
+        if not available:
+            print(f"bitparity compare: warning: skipping --backend {b}: {reason}", file=sys.stderr)
     start = time.perf_counter()
     run = compare(backends=args.backend, ops_=args.op or OPS, tier=cli_common.tier(args), seed=args.seed)
     doc = report.document(run, command="bitparity " + " ".join(args.argv))
@@ -30,7 +59,6 @@ def _compare(args):
         f.write(report.to_json(doc) + "\n")
     plots = {}
     if args.plots:
-        from .compare import plots as plotting        # matplotlib only when plots are asked for
         plots = plotting.write(doc, args.plots)
     if args.format == "json":
         print(report.to_json(doc))
@@ -45,9 +73,12 @@ def _compare(args):
 
 def _add_compare_parser(sub):
     p = sub.add_parser("compare", help="run the suite on every available backend: agreement, accuracy and cost")
-    p.add_argument("--backend", action="append", choices=NAMES, help="backends to run (repeatable; default: all available)")
+    p.add_argument("--backend", action="append", choices=NAMES,
+                   help="backends to run (repeatable; default: all available); one not available here is skipped "
+                        "with a warning on stderr")
     p.add_argument("--op", action="append", choices=OPS, help="ops to run (repeatable; default: all)")
-    cli_common.add_tier_args(p)
+    tiers = cli_common.add_tier_args(p)
+    tiers.add_argument("--suite", dest="tier", choices=cli_common.TIERS, help="the older spelling of --quick / --full")
     cli_common.add_format_args(p)
     p.add_argument("--seed", type=int, default=0, help="input seed (the golden digests are for seed 0)")
     p.add_argument("--out", "--json", dest="out", default="bitparity-report.json",
@@ -63,18 +94,20 @@ def _verify(args):
     try:
         doc = golden.load(path)
         rows = golden.verify(args.backend, cli_common.tier(args), doc)
-    except (FileNotFoundError, ValueError) as err:      # no file, or one of another spec or suite
-        print(f"bitparity verify: {err}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError) as err:      # no file, or one of another spec or suite
+        return _fail("verify", err)
+    except (KeyError, TypeError) as err:      # JSON, but not a golden document
+        return _fail("verify", f"{path} is not a golden digest file (docs/report-schema.md): "
+                               f"{type(err).__name__} {err}")
     matched = sum(r["match"] for r in rows)
     summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} cases match the golden digests of "
                f"spec {doc['spec_version']} ({path}); {len(rows) - matched} mismatch")
-    cells = [(r["name"], "match" if r["match"] else "MISMATCH",
+    cells = [(r["name"], "match" if r["match"] else f"ERROR {r['error']}" if r["error"] else "MISMATCH",
               "" if r["match"] else "-" if r["max_ulp"] is None else f"{r['max_ulp']:.3g}",
               "" if r["first_diff"] is None else r["first_diff"]) for r in rows]
     table = tabulate(cells, headers=("case", "result", "max ulp vs local canonical", "first differing index"),
                      tablefmt="github")
-    local_agrees = [r["name"] for r in rows if not r["match"] and r["first_diff"] is None]
+    local_agrees = [r["name"] for r in rows if not r["match"] and not r["error"] and r["first_diff"] is None]
     note = (f"\n{len(local_agrees)} mismatching case(s) equal this machine's canonical result bit for bit: "
             f"the golden file, not {args.backend}, differs from the code here") if local_agrees else ""
     _emit(args.format, f"{table}\n\n{summary}{note}", f"# bitparity verify\n\n{table}\n\n{summary}{note}",
@@ -97,17 +130,15 @@ def _add_verify_parser(sub):
 def _diff(args):
     docs = []
     for path in (args.a, args.b):
-        with open(path) as f:
-            try:
+        try:
+            with open(path) as f:
                 docs.append(schema.validate(json.load(f)))
-            except (ValueError, json.JSONDecodeError) as err:
-                print(f"bitparity diff: {path}: {err}", file=sys.stderr)
-                return 2
+        except (OSError, ValueError) as err:         # json.JSONDecodeError is a ValueError
+            return _fail("diff", f"{path}: {err}")
     a, b = docs
     why = diff.incomparable(a, b)
     if why:
-        print(f"bitparity diff: {why}: their digests are not comparable", file=sys.stderr)
-        return 2
+        return _fail("diff", f"{why}: their digests are not comparable")
     result = diff.diff(a, b)
     head = "\n".join(f"{tag}: {path}  ({report.where(d)}; backends {', '.join(d['backends'])})"
                      for tag, path, d in (("a", args.a, a), ("b", args.b, b)))
@@ -147,6 +178,9 @@ def _demo(args):
             plots.pyplot()
         except ImportError as error:
             raise SystemExit(f"bitparity demo: --plots: {error}") from error
+    why = args.json and _writable(args.json)
+    if why:
+        return _fail("demo", f"--json {why}")
     topics = list(TOPICS) if args.topic == "all" else [args.topic]
     results = {}
     for topic in topics:
@@ -184,7 +218,10 @@ def _print_or_write(text, out):
 
 
 def _probe(args):
-    findings = probe.probe(args.backend)
+    try:
+        findings = probe.probe(args.backend)
+    except ImportError as err:               # triton or torch_npu missing for --backend cuda or ascend
+        return _fail("probe", f"--backend {args.backend} needs {err.name or 'a missing package'}: {err}")
     _print_or_write(probe.render(findings, args.format, args.backend), args.out)
     return 0
 
@@ -200,6 +237,11 @@ def _add_probe_parser(sub):
 
 
 def _bench(args):
+    backends = args.backend or [b for b in bench.BENCH_BACKENDS if availability(b)[0]]
+    try:
+        bench.check(backends, args.op or list(OPS), cli_common.tier(args), args.repeats, args.warmup)
+    except ValueError as err:
+        return _fail("bench", err)
     rows = bench.run(args.backend, args.op or list(OPS), tier=cli_common.tier(args), repeats=args.repeats,
                      warmup=args.warmup, progress=not args.no_progress)
     _print_or_write(bench.render(rows, args.format), args.out)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The prepared GPU check (issue 7): golden digests, platform probe and benchmark of the `cuda` backend.
 
-On a machine with an NVIDIA GPU, torch with CUDA and triton (about 8 minutes on an H200):
+On a machine with an NVIDIA GPU, torch with CUDA and triton (sized for a budget of about 8 minutes on
+an H200; not yet run on a GPU, so that is a target, not a measurement):
     python scripts/gpu_check.py [--out DIR]
 Without a GPU, as CI runs it (the Triton interpreter on the CPU; says nothing about a GPU):
     python scripts/gpu_check.py --interpret --small
@@ -20,12 +21,16 @@ from bitparity.compare import device_check  # noqa: E402 - after the path; impor
 def main(argv=None):
     args = device_check.parser("gpu-check", "cuda", "--interpret",
                                "run the Triton kernels in the interpreter on the CPU (without a GPU)").parse_args(argv)
+    import torch
+    has_gpu = torch.cuda.is_available()
+    if has_gpu and args.test_double:
+        raise SystemExit("gpu-check: a GPU is present and the cuda backend compiles its kernels for it; "
+                         "--interpret is for machines without one")
     if args.test_double:
         # triton.jit chooses between compiling and interpreting when it decorates a kernel,
         # so the choice must be in the environment before the cuda backend is imported.
         os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-    return device_check.run(args, torch.cuda.is_available(),
+    return device_check.run(args, has_gpu,
                             "no GPU here (torch.cuda.is_available() is False); --interpret runs the Triton "
                             "interpreter on the CPU instead")
 

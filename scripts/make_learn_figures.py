@@ -9,8 +9,10 @@ in them are measured on the machine that runs this.
 import sys
 from pathlib import Path
 
-from bitparity.cli import main
-from bitparity.demo import diagrams
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # the checkout, installed or not
+
+from bitparity.cli import main  # noqa: E402 - after the path
+from bitparity.demo import diagrams  # noqa: E402
 
 
 def make(out):

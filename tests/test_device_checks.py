@@ -8,11 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from bitparity.backends.ascend import npu_ops
 from bitparity.compare import device_check
 from bitparity.compare.run import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
+# On the hardware the checks run for real (python scripts/gpu_check.py, scripts/npu_check.py), and the
+# test doubles refuse to run, so these CPU runs of them are skipped there.
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: run scripts/gpu_check.py on it instead")
+NO_NPU = pytest.mark.skipif(npu_ops.npu_present(), reason="an NPU is here: run scripts/npu_check.py on it instead")
 
 
 def _run_script(script, flag, out):
@@ -34,6 +40,7 @@ def _check_document(doc, md, where, bench_where):
     assert "## 2. Probe" in md and "## 3. Benchmark" in md and "### Targets" in md
 
 
+@NO_GPU
 def test_gpu_check_interpret_small_runs_end_to_end(tmp_path):
     proc = _run_script("gpu_check.py", "--interpret", tmp_path)
     assert "exit status 0" in proc.stdout
@@ -41,18 +48,30 @@ def test_gpu_check_interpret_small_runs_end_to_end(tmp_path):
     _check_document(doc, (tmp_path / "gpu-check.md").read_text(), "Triton interpreter", "Triton interpreter (CPU)")
 
 
+@NO_NPU
 def test_npu_check_emulation_small_runs_end_to_end(tmp_path):
     _run_script("npu_check.py", "--emulation", tmp_path)
     doc = json.loads((tmp_path / "npu-check.json").read_text())
     _check_document(doc, (tmp_path / "npu-check.md").read_text(), "host emulation", "host emulation (CPU)")
 
 
-def test_gpu_check_without_a_gpu_asks_for_the_interpreter(tmp_path):
+def _gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+@NO_GPU
+def test_gpu_check_without_a_gpu_asks_for_the_interpreter(tmp_path):
     with pytest.raises(SystemExit, match="no GPU here .* --interpret runs the Triton interpreter"):
-        gpu_check.main(["--out", str(tmp_path)])
+        _gpu_check().main(["--out", str(tmp_path)])
+
+
+def test_gpu_check_refuses_the_interpreter_on_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit, match="a GPU is present .* --interpret is for machines without one"):
+        _gpu_check().main(["--interpret", "--out", str(tmp_path)])
 
 
 def _steps(verify_rows=None, failed=()):

@@ -11,6 +11,7 @@ interpreter and `ascend` without an NPU in the host emulation, both on the
 CPU: their rows time those test doubles, not a GPU or an NPU.
 """
 
+import importlib
 import json
 
 import torch
@@ -109,11 +110,17 @@ def where(backend):
     if backend == "native":
         return "torch"
     dev = device_type(backend)
-    if backend == "cuda" and dev == "cpu":
-        return "Triton interpreter (CPU)"
+    if backend == "cuda" and _triton_interpreted():
+        # With TRITON_INTERPRET=1 on a GPU box the tensors live on the GPU but every launch is
+        # interpreted on the host: the time is the interpreter's, whatever clock measured it.
+        return "Triton interpreter (CPU)" if dev == "cpu" else "Triton interpreter (CPU, GPU tensors)"
     if backend == "ascend" and dev == "cpu":
         return "host emulation (CPU)"
     return {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}[dev]
+
+
+def _triton_interpreted():
+    return getattr(importlib.import_module("bitparity.backends.cuda"), "_INTERPRETED", False)
 
 
 def _row(op, shape, backend, device, t, nbytes, native_ms, copy_gbs):
@@ -124,7 +131,8 @@ def _row(op, shape, backend, device, t, nbytes, native_ms, copy_gbs):
             "bytes": nbytes, "gb_per_s": gbs, "copy_gb_per_s": copy_gbs, "fraction_of_copy": gbs / copy_gbs}
 
 
-def _check(backends, ops_, tier, repeats, warmup):
+def check(backends, ops_, tier, repeats, warmup):
+    """Raise ValueError naming the argument if a request cannot run here (before any timing)."""
     if tier not in SHAPES:
         raise ValueError(f"tier must be one of {', '.join(SHAPES)}; got {tier!r}")
     for b in backends:
@@ -137,6 +145,10 @@ def _check(backends, ops_, tier, repeats, warmup):
         raise ValueError(f"repeats must be an integer >= 1; got {repeats!r}")
     if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
         raise ValueError(f"warmup must be an integer >= 0; got {warmup!r}")
+    for b in backends:
+        available, reason = availability(b)
+        if not available:
+            raise ValueError(f"backend {b!r} is not available here: {reason}")
 
 
 def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup=None, progress=True, seed=0):
@@ -146,11 +158,7 @@ def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup
     for the ops it names; the others take the tier's shapes.  repeats and warmup default by tier.
     """
     backends = list(backends or [b for b in BENCH_BACKENDS if availability(b)[0]])
-    _check(backends, ops_, tier, repeats, warmup)
-    for b in backends:
-        available, reason = availability(b)
-        if not available:
-            raise ValueError(f"backend {b!r} is not available here: {reason}")
+    check(backends, ops_, tier, repeats, warmup)
     repeats = REPEATS[tier] if repeats is None else repeats
     warmup = WARMUP[tier] if warmup is None else warmup
     plan = [(op, tuple(shape)) for op in ops_ for shape in (shapes or {}).get(op, default_shapes(op, tier))]

@@ -223,15 +223,25 @@ class Case:
 
     def run(self, backend, inputs=None):
         """The op's output on backend; the inputs (built here unless given) move to the device it takes."""
-        args, kwargs = inputs if inputs is not None else self.build()
-        device = backend_device(backend)
-        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+        args, kwargs = to_device(inputs if inputs is not None else self.build(), backend_device(backend))
         return getattr(ops, self.op)(*args, **kwargs, backend=backend)
 
 
+def to_device(inputs, device):
+    """(args, kwargs) with every tensor, positional or keyword (per-row temperatures, seeds), on device."""
+    args, kwargs = inputs
+
+    def move(v):
+        return v.to(device) if isinstance(v, torch.Tensor) else v
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+
 def backend_device(backend):
-    """The device a backend's inputs go to: `native` is measured on the CPU, the others on their own device."""
-    return "cpu" if backend == "native" else device_type(backend)
+    """The device a backend's inputs go to: each backend's own device; `native` (torch's ops) runs on this
+    machine's accelerator, a GPU else an NPU, else the CPU, so that its digests say what torch does there."""
+    if backend == "native":
+        return next((d for d in (device_type("cuda"), device_type("ascend")) if d != "cpu"), "cpu")
+    return device_type(backend)
 
 
 _REGISTRY = {}      # op -> (cases(seed) -> iterable of Case, timing(tier, seed) -> Case)

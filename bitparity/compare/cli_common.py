@@ -9,14 +9,14 @@ FORMATS = ("table", "json", "markdown")
 
 
 def add_tier_args(parser):
-    """--quick (the default) or --full; --suite quick|full is the older spelling of the same choice."""
+    """--quick (the default) or --full; returns their mutually exclusive group."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="tier", action="store_const", const="quick",
                        help="the quick tier of the conformance suite (default)")
     group.add_argument("--full", dest="tier", action="store_const", const="full",
                        help="the full tier: the quick cases plus RL-sized shapes up to [256, 151936]")
-    group.add_argument("--suite", dest="tier", choices=TIERS, help="same as --quick / --full")
     parser.set_defaults(tier="quick")
+    return group
 
 
 def tier(args):

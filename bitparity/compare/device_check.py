@@ -95,7 +95,8 @@ def _verify(backend, tier_):
     rows = golden.verify(backend, tier_)
     for r in rows:
         if not r["match"]:
-            print(f"MISMATCH {r['name']} ({r['op']}): max ulp {r['max_ulp']}, first diff at {r['first_diff']}")
+            print(f"ERROR {r['name']} ({r['op']}): {r['error']}" if r["error"] else
+                  f"MISMATCH {r['name']} ({r['op']}): max ulp {r['max_ulp']}, first diff at {r['first_diff']}")
     print(f"{sum(r['match'] for r in rows)}/{len(rows)} cases match the golden digests", flush=True)
     return rows
 
@@ -134,8 +135,9 @@ def _markdown(name, backend, where, test_double, results):
         bad = [r for r in rows if not r["match"]]
         lines += [f"{len(rows) - len(bad)}/{len(rows)} cases match.", ""]
         if bad:
-            lines += ["| case | op | max ulp | first diff |", "| --- | --- | --- | --- |"]
-            lines += [f"| {r['name']} | {r['op']} | {r['max_ulp']} | {r['first_diff']} |" for r in bad]
+            lines += ["| case | op | max ulp | first diff | error |", "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {r['name']} | {r['op']} | {r['max_ulp']} | {r['first_diff']} | {r['error'] or ''} |"
+                      for r in bad]
             lines.append("")
     else:
         lines += ["Did not run: see the failed step below.", ""]

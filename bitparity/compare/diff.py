@@ -1,9 +1,10 @@
 """Compare two run documents case by case: where two machines' digests agree and where they differ.
 
-Backends are paired by name (cpu with cpu, native with native, ...), and each canonical backend
-found in only one run is paired with each found in only the other (cuda on one machine with
-ascend on the other).  Canonical backends must agree everywhere; `native` (torch's own ops) is
-reported but is not expected to.
+Backends are paired by name first (cpu with cpu, native with native, ...), then every canonical
+backend of a with every other canonical backend of b (cuda on the CUDA box with ascend on the
+Ascend box, and so on): every canonical backend computes the spec, so all their digests must be
+equal, across names and across machines.  `native` (torch's own ops, on each machine's GPU or NPU
+when it has one) is paired only with `native`, and is reported but not expected to agree.
 """
 
 from tabulate import tabulate
@@ -19,11 +20,9 @@ def incomparable(a, b):
 
 
 def pairs(a, b):
-    """(backend in a, backend in b) pairs to compare, same names first."""
+    """(backend in a, backend in b) pairs to compare: same names first, then canonical across names."""
     same = [(n, n) for n in a["backends"] if n in b["backends"]]
-    only_a = [n for n in a["backends"] if n not in b["backends"] and n != NATIVE]
-    only_b = [n for n in b["backends"] if n not in a["backends"] and n != NATIVE]
-    return same + [(x, y) for x in only_a for y in only_b]
+    return same + [(x, y) for x in a["backends"] for y in b["backends"] if x != y and NATIVE not in (x, y)]
 
 
 def diff(a, b):

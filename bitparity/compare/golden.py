@@ -7,7 +7,7 @@ parts of a tuple concatenated in order.  The committed file
 tests/golden/spec-v<SPEC_VERSION>.json is written by the `cpu` backend
 (equal bit for bit to the `numpy` backend, the spec executed):
 
-    python -m bitparity.compare.golden --write [--quick]
+    python -m bitparity.compare.golden --write [--quick --out FILE]
 """
 
 import argparse
@@ -108,7 +108,8 @@ def verify(backend, tier="quick", golden=None, progress=True):
     """Run the tier on backend and check each case against the golden digests.
 
     Returns one dict per case: name, op, match, and for a mismatch max_ulp and first_diff against
-    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build).
+    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build);
+    error is the exception's text when the case raised on backend (then match is False), else None.
     """
     golden = golden if golden is not None else load()
     if golden["spec_version"] != SPEC_VERSION or golden["suite_version"] != cases.SUITE_VERSION:
@@ -125,11 +126,16 @@ def verify(backend, tier="quick", golden=None, progress=True):
     with Progress(len(suite), f"verify {tier} on {backend}", enabled=progress) as bar:
         for case in suite:
             inputs = case.inputs()
-            out = case.run(backend, inputs)
-            row = {"name": case.name, "op": case.op, "match": digest(out) == want[case.name],
-                   "max_ulp": None, "first_diff": None}
-            if not row["match"]:
-                row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
+            row = {"name": case.name, "op": case.op, "match": False, "max_ulp": None, "first_diff": None,
+                   "error": None}
+            try:
+                out = case.run(backend, inputs)
+            except Exception as err:                # a case that raises is a failed case, not the end of the run
+                row["error"] = f"{type(err).__name__}: {err}"
+            else:
+                row["match"] = digest(out) == want[case.name]
+                if not row["match"]:
+                    row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
             results.append(row)
             bar.step(case.name)
     return results
@@ -138,11 +144,15 @@ def verify(backend, tier="quick", golden=None, progress=True):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bitparity.compare.golden", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", required=True, help="recompute and write the golden file")
+    parser.add_argument("--write", action="store_true", required=True,
+                        help="recompute and write the golden file (required: a deliberate flag, since the "
+                             "default file is committed and verify trusts it)")
     parser.add_argument("--quick", action="store_true", help="the quick tier only (default: the full tier, "
                                                              "which holds the quick cases too)")
     parser.add_argument("--out", help="where to write (default: tests/golden/spec-v<SPEC_VERSION>.json)")
     args = parser.parse_args(argv)
+    if args.quick and not args.out:
+        parser.error("--quick needs --out: the default file holds the full tier, which verify --full needs")
     doc = compute("quick" if args.quick else "full")
     path = Path(args.out) if args.out else default_path()
     path.parent.mkdir(parents=True, exist_ok=True)

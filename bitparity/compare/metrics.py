@@ -18,11 +18,6 @@ def canonical_bits(t):
     return bits
 
 
-def exact_fraction(got, want):
-    """Fraction of elements whose canonical bits are identical."""
-    return float((canonical_bits(got) == canonical_bits(want)).double().mean())
-
-
 def ulp32(y):
     """The spacing of float32 at |y| (float64 array in, float64 array out); subnormal spacing at 0."""
     mag = np.abs(np.asarray(y, dtype=np.float64))

@@ -14,9 +14,13 @@ DPI = 100
 FILES = {"agreement": "agreement.png", "ulp": "ulp_histograms.png", "cost": "cost_ratio.png"}
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")           # files only: no display is needed or wanted
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (files only: no display is needed or wanted)."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("plots need matplotlib: python3 -m pip install 'bitparity[plots]'") from error
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
@@ -32,7 +36,7 @@ def _grid(doc, key):
 
 
 def agreement(doc, path):
-    plt = _pyplot()
+    plt = pyplot()
     ops, names, exact = _grid(doc, "exact_percent")
     fig, ax = plt.subplots(figsize=(max(6.4, 1.6 + 0.75 * len(ops)), 2.4 + 0.45 * len(names)))
     image = ax.imshow(exact, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
@@ -52,7 +56,7 @@ def agreement(doc, path):
 
 
 def ulp_histograms(doc, path):
-    plt = _pyplot()
+    plt = pyplot()
     ops = list(dict.fromkeys(r["op"] for r in doc["results"]))
     names = doc["backends"]
     labels = doc["ulp_bins"]
@@ -84,7 +88,7 @@ def ulp_histograms(doc, path):
 
 
 def cost(doc, path):
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter, NullFormatter
     ops, names, ratio = _grid(doc, "ratio_to_native")
     fig, ax = plt.subplots(figsize=(max(6.4, 1.5 + 0.8 * len(ops)), 4.8))

@@ -20,7 +20,6 @@ ran.  An operation a target cannot run is reported "not run" with the reason.
 
 import json
 import math
-import platform
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -323,14 +322,11 @@ class Target:
 
 def cpu_model():
     """The CPU model name, with the widest vector extension the kernel reports."""
-    try:
-        lines = open("/proc/cpuinfo").read().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    from .report import cpu_name, cpuinfo
+
+    flags = cpuinfo().get("flags", "").split()
     widest = next((f for f in ("avx512f", "avx2", "sse2") if f in flags), None)
-    return f"{name}{f', {widest.upper()}' if widest else ''}"
+    return f"{cpu_name()}{f', {widest.upper()}' if widest else ''}"
 
 
 def _numpy_target():

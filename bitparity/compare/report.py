@@ -53,15 +53,18 @@ def packages():
             "triton": _version("triton"), "torch_npu": _version("torch_npu")}
 
 
-def cpu_name():
+def cpuinfo():
+    """The first processor's fields in /proc/cpuinfo, {} where there is no such file."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            first = f.read().split("\n\n")[0]
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+
+
+def cpu_name():
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def _nvidia_driver():
@@ -147,9 +150,11 @@ def backends_table(rows=None):
 
 def where(doc):
     d, p = doc["device"], doc["packages"]
-    accel = ", ".join(f"{k} {v}" for k, v in d.items() if k != "cpu" and v) or "no GPU or NPU"
+    # A CUDA build of torch reports its runtime on a box without a GPU: toolkits are not devices.
+    accel = ", ".join(f"{k} {d[k]}" for k in ("gpu", "npu") if d.get(k)) or "no GPU or NPU"
+    toolkits = "".join(f", {k} {v}" for k, v in d.items() if k not in ("cpu", "gpu", "npu") and v)
     pkgs = ", ".join(f"{k} {v}" for k, v in p.items() if v)
-    return f"{d['cpu']} ({doc['machine']['cpu_count']} cores); {accel}; {pkgs}"
+    return f"{d['cpu']} ({doc['machine']['cpu_count']} cores); {accel}{toolkits}; {pkgs}"
 
 
 def header(doc):

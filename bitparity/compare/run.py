@@ -185,7 +185,7 @@ def _time_op(op, names, tier, seed, per_backend):
     for b in names:
         dev = cases.backend_device(b)
         if dev not in native_ms:                 # native on the same device is the yardstick
-            native_inputs = (tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in inputs[0]), inputs[1])
+            native_inputs = cases.to_device(inputs, dev)
             native_ms[dev] = _time(lambda: getattr(ops, op)(*native_inputs[0], **native_inputs[1], backend="native"),
                                    device=dev)
         per_backend[b].median_ms = (native_ms[dev] if b == "native"

@@ -69,7 +69,7 @@ def validate(doc):
     """Raise ValueError naming every way doc departs from the schema; return doc if it does not."""
     problems = []
     if not _fields("document", doc, TOP, problems):
-        raise ValueError("; ".join(problems))
+        raise ValueError("not a bitparity run document: " + "; ".join(problems))
     if doc.get("schema") != SCHEMA or doc.get("schema_version") != SCHEMA_VERSION:
         problems.append(f"schema: expected {SCHEMA!r} version {SCHEMA_VERSION}; got {doc.get('schema')!r} "
                         f"version {doc.get('schema_version')!r}")

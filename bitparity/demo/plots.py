@@ -2,21 +2,12 @@
 
 from pathlib import Path
 
+from ..compare.plots import pyplot
+
 # Colours and markers of the backends and implementations, the same in every figure.
 NATIVE = "tab:red"
 OTHER = "tab:orange"
 CANONICAL = "tab:blue"
-
-
-def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("plots need matplotlib: python3 -m pip install 'bitparity[plots]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def save(fig, plots_dir, name):

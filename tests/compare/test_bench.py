@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from bitparity.backends.ascend import npu_ops
 from bitparity.cli import main
 from bitparity.compare import bench, cases, timing
 
@@ -24,6 +25,7 @@ def _check_rows(rows, ops, backends, shapes):
         assert r["ratio_to_native"] == pytest.approx(r["median_ms"] / native["median_ms"])
 
 
+@pytest.mark.skipif(npu_ops.npu_present(), reason="an NPU is here: scripts/npu_check.py benchmarks ascend on it")
 def test_bench_cli_rows_bytes_and_progress(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--backend", "cpu", "--backend", "ascend", "--op", "exp", "--op", "gae",
@@ -42,6 +44,7 @@ def test_bench_cli_rows_bytes_and_progress(tmp_path, capsys):
     assert " 6/6 " in progress[-1] and "gae [64, 512] ascend" in progress[-1]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: scripts/gpu_check.py benchmarks cuda on it")
 def test_bench_api_explicit_shapes_on_the_interpreter():
     shapes = {"token_logprobs": [(3, 1500)], "masked_whiten": [(4, 100)]}
     rows = bench.run(["cuda"], ["token_logprobs", "masked_whiten"], shapes=shapes, repeats=3, warmup=1,
@@ -87,3 +90,12 @@ def test_make_call_builds_inputs_on_the_device_from_the_case_generators():
     assert tokens[0] == torch.argmax(x[0])                    # cases.make_tokens: even rows take the argmax
     args, kwargs = bench.make_call("kl_penalty", (2, 8), "cpu")
     assert args[2] == "k3" and kwargs == {}
+
+
+def test_where_labels_the_interpreter_even_on_a_gpu(monkeypatch):
+    cuda = pytest.importorskip("bitparity.backends.cuda")
+    monkeypatch.setattr(bench, "device_type", lambda backend: "cuda")
+    monkeypatch.setattr(cuda, "_INTERPRETED", True)
+    assert bench.where("cuda") == "Triton interpreter (CPU, GPU tensors)"
+    monkeypatch.setattr(cuda, "_INTERPRETED", False)
+    assert bench.where("cuda") == "GPU"

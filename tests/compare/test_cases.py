@@ -83,3 +83,38 @@ def test_suite_rejects_unknown_tier_and_op():
         cases.suite("medium")
     with pytest.raises(ValueError, match="ops must be among"):
         cases.suite("quick", ["softplus"])
+
+
+class _Recorder:
+    """Stands in for bitparity.ops: every op records the devices of the tensors it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, op):
+        def call(*args, backend, **kwargs):
+            devices = {str(v.device) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)}
+            self.calls.append((op, devices, sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))))
+        return call
+
+
+def test_case_run_moves_positional_and_keyword_tensors_to_the_backends_device(monkeypatch):
+    # The per-row sampling cases pass temperature, top_k, top_p as tensors by keyword; on a GPU or
+    # NPU ops.py refuses them unless they sit on the logits' device.
+    recorder = _Recorder()
+    monkeypatch.setattr(cases, "ops", recorder)
+    monkeypatch.setattr(cases, "backend_device", lambda backend: "meta")
+    for case in cases.suite("quick", ["filter_logits", "sample", "token_logprobs", "gae"]):
+        case.run("cuda")
+    assert {op for op, _, _ in recorder.calls} == {"filter_logits", "sample", "token_logprobs", "gae"}
+    assert all(devices == {"meta"} for _, devices, _ in recorder.calls)
+    assert any(keywords for _, _, keywords in recorder.calls)       # some tensors did come by keyword
+
+
+def test_native_runs_on_the_accelerator_when_there_is_one(monkeypatch):
+    monkeypatch.setattr(cases, "device_type", {"cuda": "cpu", "ascend": "npu", "cpu": "cpu"}.get)
+    assert cases.backend_device("native") == "npu" and cases.backend_device("cpu") == "cpu"
+    monkeypatch.setattr(cases, "device_type", {"cuda": "cuda", "ascend": "cpu", "cpu": "cpu"}.get)
+    assert cases.backend_device("native") == "cuda"
+    monkeypatch.setattr(cases, "device_type", lambda name: "cpu")
+    assert cases.backend_device("native") == "cpu"

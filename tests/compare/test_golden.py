@@ -29,7 +29,8 @@ def test_digest_is_sha256_of_little_endian_canonical_bits():
 
 def test_golden_file_describes_this_suite(committed):
     assert committed["spec_version"] == SPEC_VERSION and committed["suite_version"] == cases.SUITE_VERSION
-    full = cases.suite(committed["tier"])
+    assert committed["tier"] == "full"           # the full tier holds the quick cases too: verify --full needs it
+    full = cases.suite("full")
     assert [(c["name"], c["op"], c["tier"], c["shapes"]) for c in committed["cases"]] == \
         [(c.name, c.op, c.tier, c.shapes) for c in full]
 
@@ -64,7 +65,7 @@ def test_verify_reports_a_corrupted_digest(committed, tmp_path, capsys):
     mismatches = [r for r in report["cases"] if not r["match"]]
     # The backend equals the local canonical result, so the file is the one that differs.
     assert mismatches == [{"name": victim["name"], "op": "log_softmax", "match": False, "max_ulp": 0.0,
-                           "first_diff": None}]
+                           "first_diff": None, "error": None}]
 
 
 def test_verify_native_mismatches_with_max_ulp_and_first_index(capsys):
@@ -93,3 +94,25 @@ def test_verify_refuses_a_golden_file_of_another_suite(committed, tmp_path):
 def test_verify_without_a_golden_file_says_how_to_make_one(tmp_path, capsys):
     assert cli.main(["verify", "--backend", "cpu", "--golden", str(tmp_path / "none.json")]) == 2
     assert "python -m bitparity.compare.golden --write" in capsys.readouterr().err
+
+
+def test_verify_records_a_case_that_raises_and_goes_on(committed, monkeypatch):
+    picked = [c for c in cases.suite("quick", ["exp", "log"])]
+    monkeypatch.setattr(cases, "suite", lambda tier: picked)
+    real_exp = cases.ops.exp
+
+    def broken_exp(*args, backend, **kwargs):
+        if backend == "cpu":
+            raise ValueError("exp is broken here")
+        return real_exp(*args, backend=backend, **kwargs)
+    monkeypatch.setattr(cases.ops, "exp", broken_exp)
+    rows = golden.verify("cpu", "quick", committed, progress=False)
+    assert [r["op"] for r in rows] == [c.op for c in picked]
+    assert all(not r["match"] and r["error"] == "ValueError: exp is broken here" for r in rows if r["op"] == "exp")
+    assert all(r["match"] and r["error"] is None for r in rows if r["op"] == "log")
+
+
+def test_golden_write_quick_must_not_overwrite_the_full_file(capsys):
+    with pytest.raises(SystemExit):
+        golden.main(["--write", "--quick"])
+    assert "--quick needs --out" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from bitparity.backends.ascend import npu_ops
 from bitparity.cli import main
 from bitparity.compare import probe
 
@@ -159,13 +160,20 @@ def test_subnormals_kept_by_default_and_flushed_under_set_flush_denormal(cpu_fin
     assert np.float32(2.0**-70) * np.float32(2.0**-70) == np.float32(2.0**-140)
 
 
-def test_probe_cuda_and_ascend_say_where_they_ran(tmp_path):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: `bitparity probe --backend cuda` runs on it "
+                                                      "(scripts/gpu_check.py) instead of the interpreter")
+def test_probe_cuda_says_it_ran_in_the_interpreter(tmp_path):
     cuda = _findings(tmp_path, "cuda")
     assert {f["where"] for f in cuda} == {"Triton interpreter (numpy underneath): says nothing about the GPU"}
     # the interpreter is numpy: both launches of a*b+c round twice, and tl.exp is numpy's exp
     assert _one(cuda, "a * b + c, enable_fp_fusion=False")["result"] == "holds"
     assert _one(cuda, "tl.exp")["max_ulp"] == pytest.approx(
         probe.check_elementary("exp", np.exp)[2])
+
+
+@pytest.mark.skipif(npu_ops.npu_present(), reason="an NPU is here: `bitparity probe --backend ascend` runs on it "
+                                                  "(scripts/npu_check.py) instead of the host emulation")
+def test_probe_ascend_says_it_ran_in_the_host_emulation(tmp_path):
     ascend = _findings(tmp_path, "ascend")
     assert all("host emulation" in f["where"] and "says nothing about the NPU" in f["where"] for f in ascend)
     assert {f["check"] for f in ascend if f["result"] == "holds"} == {"rne", "subnormal_inputs", "subnormal_results"}

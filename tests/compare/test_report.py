@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bitparity import SPEC_VERSION, cli
-from bitparity.compare import cases, golden, schema
+from bitparity.compare import cases, golden, report, schema
 
 BACKENDS = ("numpy", "cpu", "ascend", "native")
 OPS = ("log_softmax", "masked_whiten")
@@ -89,21 +89,30 @@ def test_diff_of_a_run_with_itself_agrees(run, tmp_path, capsys):
     assert cli.main(["diff", a, a, "--format", "json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
     n = len(run["doc"]["cases"])
-    assert [(p["a"], p["equal"], p["different"]) for p in pairs] == [(b, n, 0) for b in BACKENDS]
+    canonical = [x for x in BACKENDS if x != "native"]
+    assert [(p["a"], p["b"], p["equal"], p["different"]) for p in pairs] == (
+        [(x, x, n, 0) for x in BACKENDS] + [(x, y, n, 0) for x in canonical for y in canonical if x != y])
 
 
 def test_diff_pairs_cuda_on_one_machine_with_ascend_on_another(run, tmp_path, capsys):
-    # Machine b is machine a with its ascend column relabelled cuda: the pair cuda = ascend is compared.
-    b = copy.deepcopy(run["doc"])
-    b["backends"] = ["cuda" if n == "ascend" else n for n in b["backends"]]
-    for case in b["cases"]:
+    # Machine a is the run with its ascend column relabelled cuda (the CUDA box); b is the run with
+    # one ascend digest corrupted (the Ascend box).  Every canonical backend of a is paired with
+    # b's ascend, cuda among them, and native only with native.
+    a = copy.deepcopy(run["doc"])
+    a["backends"] = ["cuda" if n == "ascend" else n for n in a["backends"]]
+    for case in a["cases"]:
         case["digests"]["cuda"] = case["digests"].pop("ascend")
-    for r in b["results"]:
+    for r in a["results"]:
         r["backend"] = "cuda" if r["backend"] == "ascend" else r["backend"]
-    assert cli.main(["diff", _write(tmp_path, "a.json", run["doc"]), _write(tmp_path, "b.json", b),
-                     "--format", "json"]) == 0
-    pairs = {(p["a"], p["b"]): p for p in json.loads(capsys.readouterr().out)["pairs"]}
-    assert pairs[("ascend", "cuda")]["equal"] == len(run["doc"]["cases"])
+    b = copy.deepcopy(run["doc"])
+    b["cases"][2]["digests"]["ascend"] = "0" * 64
+    assert cli.main(["diff", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", b), "--format", "json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    pairs = {(p["a"], p["b"]): p for p in result["pairs"]}
+    assert pairs[("cuda", "ascend")]["different"] == 1 and pairs[("cuda", "cpu")]["different"] == 0
+    assert not [p for p in pairs if "native" in p and p != ("native", "native")]
+    assert {(d["a"], d["b"]) for d in result["different"]} == {("numpy", "ascend"), ("cpu", "ascend"),
+                                                                ("cuda", "ascend")}
 
 
 def test_diff_fails_on_a_differing_canonical_digest(run, tmp_path, capsys):
@@ -124,6 +133,11 @@ def test_diff_refuses_runs_of_different_seeds_and_invalid_files(run, tmp_path, c
     assert "seed 0 vs 1" in capsys.readouterr().err
     assert cli.main(["diff", a, _write(tmp_path, "c.json", {"schema": "something else"})]) == 2
     assert "not a bitparity run document" in capsys.readouterr().err
+    assert cli.main(["diff", str(tmp_path / "nonexistent.json"), a]) == 2
+    assert "nonexistent.json" in capsys.readouterr().err
+    (tmp_path / "d.json").write_text("{")
+    assert cli.main(["diff", a, str(tmp_path / "d.json")]) == 2
+    assert "d.json" in capsys.readouterr().err
 
 
 def test_ulp_histogram_bins():
@@ -132,3 +146,9 @@ def test_ulp_histogram_bins():
     assert dict(zip(ULP_BIN_LABELS, counts.tolist())) == {
         "0": 1, "<=1/8": 2, "<=1/4": 1, "<=1/2": 0, "<=1": 1, "<=2": 1, "<=4": 0, "<=8": 0, "<=16": 0,
         "<=64": 0, "<=1024": 0, ">1024": 1, "inf": 1}
+
+
+def test_where_names_no_accelerator_for_a_cuda_build_without_a_gpu():
+    doc = {"device": {"cpu": "Xeon", "gpu": None, "npu": None, "cuda_runtime": "12.8", "cuda_driver": None,
+                      "cann": None}, "packages": {"torch": "2.9"}, "machine": {"cpu_count": 2}}
+    assert report.where(doc) == "Xeon (2 cores); no GPU or NPU, cuda_runtime 12.8; torch 2.9"

@@ -20,6 +20,7 @@
 
 // ATen and the op registry only: torch/extension.h would pull in Python.h, which this library never needs.
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "torch_npu/csrc/core/npu/NPUStream.h"
@@ -47,6 +48,8 @@ constexpr int64_t MAX_BLOCKS = 40;
 
 uint32_t Blocks(int64_t items) { return static_cast<uint32_t>(std::max<int64_t>(1, std::min(items, MAX_BLOCKS))); }
 
+// The current stream of the current device, which each op first sets to its
+// first input's NPU (a DeviceGuard), so inputs on npu:1 launch on npu:1.
 // stream(true) flushes torch_npu's task queue first, so the launch is ordered
 // after the work torch_npu has queued but not yet submitted.
 aclrtStream Stream() { return c10_npu::getCurrentNPUStream().stream(true); }
@@ -99,6 +102,7 @@ uint32_t Tiles(int64_t n) { return Blocks((n + bitparity::LANES - 1) / bitparity
 
 at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
@@ -109,6 +113,7 @@ at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
 
 at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
@@ -119,6 +124,7 @@ at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mas
 
 at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
@@ -129,6 +135,7 @@ at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& ma
 
 at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
@@ -139,6 +146,7 @@ at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask,
 
 at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
@@ -149,6 +157,7 @@ at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask,
 
 at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double scale)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.dim() == 1 && tokens.size(0) == rows &&
@@ -162,6 +171,7 @@ at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double
 
 at::Tensor ExpOp(const at::Tensor& x)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
@@ -171,6 +181,7 @@ at::Tensor ExpOp(const at::Tensor& x)
 
 at::Tensor LogOp(const at::Tensor& x)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 1);
     at::Tensor out = at::empty_like(x);
     const int64_t n = x.numel();
@@ -180,6 +191,7 @@ at::Tensor LogOp(const at::Tensor& x)
 
 at::Tensor MaskedMeanOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
@@ -190,6 +202,7 @@ at::Tensor MaskedMeanOp(const at::Tensor& x, const c10::optional<at::Tensor>& ma
 
 at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased, double eps)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
@@ -201,6 +214,7 @@ at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shif
 at::Tensor KlPenaltyOp(const at::Tensor& logp, const at::Tensor& refLogp, int64_t kind, double clamp,
                        double logRatioClamp)
 {
+    const c10::DeviceGuard guard(logp.device());
     CheckX(logp, 1);
     CheckLike(refLogp, logp, "ref_logp");
     TORCH_CHECK(kind >= 0 && kind <= 3, "bitparity (ascend): kind is a KlKind code (kernels/kl.cpp)");
@@ -214,6 +228,7 @@ at::Tensor KlPenaltyOp(const at::Tensor& logp, const at::Tensor& refLogp, int64_
 std::tuple<at::Tensor, at::Tensor> GaeOp(const at::Tensor& rewards, const at::Tensor& values, const at::Tensor& mask,
                                          const at::Tensor& bootstrap, double gamma, double gammaLambda, bool zeroMode)
 {
+    const c10::DeviceGuard guard(rewards.device());
     CheckX(rewards, 2);
     CheckLike(values, rewards, "values");
     const int64_t rows = rewards.size(0), cols = rewards.size(1);
@@ -232,6 +247,7 @@ std::tuple<at::Tensor, at::Tensor> PpoTokenLossesOp(const at::Tensor& logp, cons
                                                     const at::Tensor& advantages, double ratioLow, double ratioHigh,
                                                     double dualClip, double ratioClamp)
 {
+    const c10::DeviceGuard guard(logp.device());
     CheckX(logp, 2);
     CheckLike(oldLogp, logp, "old_logp");
     CheckLike(advantages, logp, "advantages");
@@ -255,6 +271,7 @@ void CheckRowParameter(const at::Tensor& t, const at::Tensor& x, at::ScalarType 
 
 at::Tensor PhiloxOp(const at::Tensor& counters, const at::Tensor& keys)
 {
+    const c10::DeviceGuard guard(counters.device());
     TORCH_CHECK(counters.device().type() == c10::DeviceType::PrivateUse1 && counters.scalar_type() == at::kInt &&
                     counters.dim() == 2 && counters.size(1) == 4 && counters.is_contiguous(),
                 "bitparity (ascend): counters must be a contiguous int32 NPU tensor [n, 4] of uint32 words");
@@ -271,6 +288,7 @@ at::Tensor PhiloxOp(const at::Tensor& counters, const at::Tensor& keys)
 
 std::tuple<at::Tensor, at::Tensor> TopkOp(const at::Tensor& x, int64_t k)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     TORCH_CHECK(k >= 1 && k <= cols, "bitparity (ascend): k must be in [1, ", cols, "], got ", k);
@@ -283,6 +301,7 @@ std::tuple<at::Tensor, at::Tensor> TopkOp(const at::Tensor& x, int64_t k)
 at::Tensor FilterLogitsOp(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK,
                           const at::Tensor& topP, const at::Tensor& minP)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     CheckRowParameter(scale, x, at::kFloat, "scale");
     CheckRowParameter(topK, x, at::kLong, "top_k");
@@ -299,6 +318,7 @@ at::Tensor SampleOp(const at::Tensor& x, const at::Tensor& scale, const at::Tens
                     const at::Tensor& minP, const at::Tensor& greedy, const at::Tensor& seeds,
                     const at::Tensor& positions)
 {
+    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     CheckRowParameter(scale, x, at::kFloat, "scale");
     CheckRowParameter(topK, x, at::kLong, "top_k");

@@ -1,0 +1,55 @@
+"""Bad input to the `bitparity` commands: a message naming what is wrong and exit status 2, before
+any long run, never a traceback (and never status 1, which `diff` and `verify` keep for differing bits)."""
+
+import json
+import sys
+
+import pytest
+
+from bitparity import cli
+from bitparity.compare import run
+
+
+def _fails(argv, capsys, *words):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bitparity {argv[0]}: ") and all(w in err for w in words), err
+
+
+def test_diff_of_a_missing_file(tmp_path, capsys):
+    _fails(["diff", str(tmp_path / "nonexistent.json"), str(tmp_path / "b.json")], capsys, "nonexistent.json")
+
+
+def test_verify_with_a_json_that_is_not_a_golden_file(tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"cases": []}))
+    _fails(["verify", "--backend", "cpu", "--golden", str(path)], capsys, "not a golden digest file", "spec_version")
+
+
+def test_bench_with_zero_repeats_or_an_unavailable_backend(monkeypatch, capsys):
+    _fails(["bench", "--backend", "cpu", "--repeats", "0"], capsys, "repeats must be an integer >= 1")
+    monkeypatch.setattr("bitparity.compare.bench.availability", lambda b: (b != "ascend", "no NPU (test)"))
+    _fails(["bench", "--backend", "ascend"], capsys, "backend 'ascend' is not available here: no NPU (test)")
+
+
+def test_probe_cuda_without_triton(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "triton", None)        # `import triton` raises ImportError
+    _fails(["probe", "--backend", "cuda"], capsys, "--backend cuda needs triton")
+
+
+def test_compare_checks_plots_and_out_before_running(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(cli, "compare", lambda **kwargs: pytest.fail("compare ran despite bad arguments"))
+    _fails(["compare", "--out", str(tmp_path / "no" / "such" / "run.json")], capsys, "--out", "no folder")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    _fails(["compare", "--out", str(tmp_path / "run.json"), "--plots", str(tmp_path)], capsys,
+           "--plots", "pip install 'bitparity[plots]'")
+
+
+def test_compare_warns_about_an_unavailable_backend(monkeypatch, tmp_path, capsys):
+    unavailable = {"ascend": (False, "no NPU (test)")}
+    monkeypatch.setattr(cli, "availability", lambda b: unavailable.get(b, (True, "")))
+    monkeypatch.setattr(run, "availability", lambda b: unavailable.get(b, (True, "")))
+    assert cli.main(["compare", "--backend", "numpy", "--backend", "ascend", "--op", "exp",
+                     "--out", str(tmp_path / "run.json")]) == 0
+    assert "warning: skipping --backend ascend: no NPU (test)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run.json").read_text())["backends"] == ["numpy"]
