@@ -7,24 +7,21 @@ The canonical backend is `cpu` where it has the op, else `numpy`; the table says
 Run: python benchmarks/bench_sample.py
 """
 
-import platform
-
 import numpy as np
 import torch
-from bench_gae import median_ms          # the same timing loop (this script's folder is on sys.path)
 from tabulate import tabulate
 
 import bitparity as bp
 from bitparity.backends import _module
+from bitparity.compare.report import cpu_name
+from bitparity.compare.timing import measure
 
 ROWS, VOCAB = 64, 151936
 PARAMS = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
 
 
 def main():
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"machine: {cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(ROWS, VOCAB, generator=g) * 3
     seeds, positions = torch.arange(ROWS), torch.arange(ROWS) * 17
@@ -35,12 +32,12 @@ def main():
     names = ["native", *(name for name in ("cpu", "numpy") if hasattr(_module(name), "sample"))][:2]
     rows, base = [], {}
     for name in names:
-        tokens_ms = median_ms(lambda: _module(name).sample(*contract))
-        full_ms = median_ms(lambda: bp.sample(x, seeds, positions, backend=name, **PARAMS))
+        tokens_ms = measure(lambda: _module(name).sample(*contract), repeats=5).median_ms
+        full_ms = measure(lambda: bp.sample(x, seeds, positions, backend=name, **PARAMS), repeats=5).median_ms
         base.setdefault("tokens", tokens_ms)
         base.setdefault("full", full_ms)
-        rows.append((name, f"{tokens_ms:.1f}", f"{tokens_ms / base['tokens']:.2f}",
-                     f"{full_ms:.1f}", f"{full_ms / base['full']:.2f}"))
+        rows.append((name, f"{tokens_ms:.1f}", f"{tokens_ms / base['tokens']:.3g}",
+                     f"{full_ms:.1f}", f"{full_ms / base['full']:.3g}"))
     print(f"sample at [{ROWS}, {VOCAB}], T = {PARAMS['temperature']}, top-k {PARAMS['top_k']}, top-p {PARAMS['top_p']}")
     print(tabulate(rows, headers=("backend", "tokens ms", "x native", "tokens + processed logprobs ms", "x native"),
                    tablefmt="github"))
