@@ -298,15 +298,22 @@ std::tuple<at::Tensor, at::Tensor> TopkOp(const at::Tensor& x, int64_t k)
     return {values, indices};
 }
 
-at::Tensor FilterLogitsOp(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK,
-                          const at::Tensor& topP, const at::Tensor& minP)
+// x and the per-row filter parameters of filter_logits and sample (the backend contract's dtypes).
+void CheckFilterParameters(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK, const at::Tensor& topP,
+                           const at::Tensor& minP)
 {
-    const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     CheckRowParameter(scale, x, at::kFloat, "scale");
     CheckRowParameter(topK, x, at::kLong, "top_k");
     CheckRowParameter(topP, x, at::kFloat, "top_p");
     CheckRowParameter(minP, x, at::kFloat, "min_p");
+}
+
+at::Tensor FilterLogitsOp(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& topK,
+                          const at::Tensor& topP, const at::Tensor& minP)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckFilterParameters(x, scale, topK, topP, minP);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
     BITPARITY_LAUNCH(bitparity_filter_logits, Blocks(rows), Gm(x), Gm(scale), Gm(topK), Gm(topP), Gm(minP),
@@ -319,11 +326,7 @@ at::Tensor SampleOp(const at::Tensor& x, const at::Tensor& scale, const at::Tens
                     const at::Tensor& positions)
 {
     const c10::DeviceGuard guard(x.device());
-    CheckX(x, 2);
-    CheckRowParameter(scale, x, at::kFloat, "scale");
-    CheckRowParameter(topK, x, at::kLong, "top_k");
-    CheckRowParameter(topP, x, at::kFloat, "top_p");
-    CheckRowParameter(minP, x, at::kFloat, "min_p");
+    CheckFilterParameters(x, scale, topK, topP, minP);
     CheckRowParameter(greedy, x, at::kBool, "greedy");
     CheckRowParameter(seeds, x, at::kLong, "seeds");
     CheckRowParameter(positions, x, at::kLong, "positions");
