@@ -46,16 +46,8 @@ def inverse_temperature(temperature):
     """scale = RN32(1 / RN32(temperature)): one IEEE-correct float32 division on the host (spec 8.1)."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number; got {type(temperature).__name__}")
-    temperature = float(temperature)
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be finite and > 0; got {temperature}")
-    with np.errstate(over="ignore", divide="ignore"):
-        t32 = np.float32(temperature)
-        scale = np.float32(1.0) / t32
-    if not np.finfo(np.float32).tiny <= t32 < np.inf or not np.isfinite(scale):
-        raise ValueError(f"temperature must lie in float32's normal range so that 1/temperature is finite; "
-                         f"got {temperature}")
-    return float(scale)
+    scale, _ = _checked_scales(np.array([float(temperature)]), allow_zero=False)
+    return float(scale[0])
 
 
 def _rows(x):
@@ -365,10 +357,9 @@ def _reject(name, values, ok, expected):
         raise ValueError(f"{name} must be {expected}; got {values[~ok][0]}")
 
 
-def _row_scales(temperature, x, allow_zero):
-    """(scale f32 [R], greedy bool [R]) on x's device: scale = RN32(1 / RN32(T)) per row (spec 8.1);
-    with allow_zero, T = 0 marks a greedy row, whose scale is 1.0 (spec 22)."""
-    t = _row_values("temperature", temperature, x, integer=False)
+def _checked_scales(t, allow_zero):
+    """float64 temperatures [R] -> (scale f32 [R], greedy bool [R]) as numpy arrays, each checked:
+    scale = RN32(1 / RN32(T)) (spec 8.1); with allow_zero, T = 0 marks a greedy row, scale 1.0 (spec 22)."""
     greedy = (t == 0) if allow_zero else np.zeros(t.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
         _reject("temperature", t, np.isfinite(t) & ((t > 0) | greedy),
@@ -378,6 +369,12 @@ def _row_scales(temperature, x, allow_zero):
         scale = np.float32(1.0) / t32
     _reject("temperature", t, (t32 >= np.finfo(np.float32).tiny) & (t32 < np.inf) & np.isfinite(scale),
             "in float32's normal range so that 1/temperature is finite")
+    return scale, greedy
+
+
+def _row_scales(temperature, x, allow_zero):
+    """(scale f32 [R], greedy bool [R]) on x's device for a scalar or per-row temperature (_checked_scales)."""
+    scale, greedy = _checked_scales(_row_values("temperature", temperature, x, integer=False), allow_zero)
     return torch.from_numpy(scale).to(x.device), torch.from_numpy(greedy).to(x.device)
 
 
@@ -454,16 +451,17 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     tokens = _call("sample", backend, x, scale, *filters, greedy, seeds, positions)
     # spec 22.1: each kind is token_logprobs of one distribution; greedy rows have scale 1.0 and no
     # filters, so all three kinds are the raw log-probability there.
-    w = x * scale[:, None]
-    picked = tokens.clamp(min=0)
     if logprobs == "processed":
         dist = torch.where(greedy[:, None], x, _call("filter_logits", backend, x, scale, *filters))
     else:
-        dist = w if logprobs == "scaled" else x
-    out = _call("token_logprobs", backend, dist, picked, 1.0)
-    holds_nan = ((w != w) | (w == float("inf"))).any(dim=1)
-    none = torch.where(holds_nan, float("nan"), float("-inf")).to(out.dtype)
-    return tokens, torch.where(tokens < 0, none, out)
+        dist = x * scale[:, None] if logprobs == "scaled" else x
+    out = _call("token_logprobs", backend, dist, tokens.clamp(min=0), 1.0)
+    none = tokens < 0
+    if bool(none.any()):
+        # No token: NaN where the scaled logits hold a NaN or +inf, else -inf (every logit -inf).
+        w = x[none] * scale[none, None]
+        out[none] = torch.where(((w != w) | (w == float("inf"))).any(dim=1), float("nan"), float("-inf"))
+    return tokens, out
 
 
 def length_factor(length, length_penalty):

@@ -161,7 +161,7 @@ def test_per_row_temperature_equals_per_row_scalar_calls():
 
 def test_temperature_that_rounds_to_float32_infinity_is_rejected():
     """1e39 is finite but RN32(1e39) = inf, whose reciprocal 0 would zero every logit."""
-    with pytest.raises(ValueError, match="temperature must lie in float32's normal range"):
+    with pytest.raises(ValueError, match="temperature must be in float32's normal range"):
         bp.log_softmax(X, temperature=1e39)
 
 

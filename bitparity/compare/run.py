@@ -18,7 +18,7 @@ from .. import ops
 from ..backends import availability
 from ..reference import float64
 from . import cases, golden, metrics
-from .cases import ELEMENTWISE_OPS, RL_OPS, ROW_SHAPES, SAMPLING_OPS, SOFTMAX_OPS  # noqa: F401 - ROW_SHAPES is used by tests
+from .cases import ELEMENTWISE_OPS, RL_OPS, SAMPLING_OPS, SOFTMAX_OPS
 from .cli_common import Progress
 from .timing import measure
 

@@ -10,7 +10,6 @@ simulated here and labelled so), and bitparity's sum (as a dot product) and
 log_softmax, whose order is a function of the row length only.
 """
 
-import numpy as np
 import torch
 from tabulate import tabulate
 

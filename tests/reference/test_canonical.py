@@ -11,7 +11,8 @@ from hypothesis.extra import numpy as hnp
 
 from bitparity import spec
 from bitparity.compare import cases, metrics
-from bitparity.compare.run import ROW_SHAPES, ulp_floor
+from bitparity.compare.cases import ROW_SHAPES
+from bitparity.compare.run import ulp_floor
 from bitparity.ops import inverse_temperature
 from bitparity.reference import canonical, float64
 
