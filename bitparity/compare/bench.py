@@ -34,8 +34,8 @@ SHAPES = {
     "full": {"softmax": ((64, 151936), (4096, 32000), (256, 151936)), "elementwise": ((1 << 24,),),
              "rl": ((256, 4096), (4096, 512)), "sampling": ((64, 151936),)},
 }
-# The sampling ops' settings: vLLM-style top-k 50, top-p 0.9 at T = 0.7; beams of 4.
-SAMPLING_FILTERS = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
+# The sampling ops' settings: the suite's vLLM-style top-k 50, top-p 0.9 at T = 0.7; beams of 4.
+SAMPLING_FILTERS = cases.FILTERS["k50-p0.9-T0.7"]
 BEAMS = 4
 REPEATS = {"quick": 5, "full": 20}
 WARMUP = {"quick": 1, "full": 3}
