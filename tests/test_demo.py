@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bitparity.cli import main
-from bitparity.demo.common import round_to_float32
+from bitparity.compare.probe import round_to_float32
 
 CANONICAL = {"numpy", "cpu", "cuda", "ascend"}   # all four run on the test machine (conftest.py)
 

@@ -19,7 +19,6 @@ ran.  An operation a target cannot run is reported "not run" with the reason.
 """
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -116,11 +115,8 @@ def fraction_of_bits(bits):
 
 
 def round_to_float32(q):
-    """RN(q) as a Python float (every binary32 value is a normal float64)."""
-    bits = float32_bits(q)
-    if bits & 0x7FFFFFFF == 0x7F800000:
-        return -math.inf if bits & 0x80000000 else math.inf
-    return float(fraction_of_bits(bits))
+    """RN(q) as a numpy float32, from float32_bits (so an underflowed negative stays -0.0)."""
+    return np.array([float32_bits(q)], dtype=np.uint32).view(np.float32)[0]
 
 
 def _f32(values):

@@ -1,6 +1,5 @@
 """Pieces every demo topic uses: float32 bit patterns, ulp distances, the backends that run here."""
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -13,21 +12,6 @@ CANONICAL_BACKENDS = ("numpy", "cpu", "cuda", "ascend")
 def hex32(v):
     """The binary32 bit pattern of v, as 0x........"""
     return f"0x{int(np.float32(v).view(np.uint32)):08x}"
-
-
-def round_to_float32(q):
-    """The binary32 nearest to the rational q, ties to even (subnormals kept, overflow to inf)."""
-    if q == 0:
-        return np.float32(0.0)
-    magnitude = abs(q)
-    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
-    if Fraction(2) ** exponent > magnitude:
-        exponent -= 1                                  # now 2**exponent <= |q| < 2**(exponent + 1)
-    quantum = max(exponent, -126) - 23                 # spacing of binary32 at |q|; fixed below 2**-126
-    significand = round(magnitude / Fraction(2) ** quantum)   # Fraction rounds half to even
-    value = math.ldexp(significand, quantum)
-    with np.errstate(over="ignore"):
-        return np.float32(math.copysign(value, q))
 
 
 def exact_sum(x):

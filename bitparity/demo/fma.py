@@ -18,7 +18,8 @@ import torch
 from tabulate import tabulate
 
 from . import plots
-from .common import heading, hex32, round_to_float32
+from ..compare.probe import round_to_float32
+from .common import heading, hex32
 
 RANDOM_TRIPLES = 20_000
 

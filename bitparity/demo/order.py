@@ -15,9 +15,10 @@ import torch
 from tabulate import tabulate
 
 from .. import ops, spec
+from ..compare.probe import round_to_float32
 from ..reference import canonical
 from . import plots
-from .common import available_canonical_backends, exact_sum, heading, hex32, round_to_float32, ulps_from
+from .common import available_canonical_backends, exact_sum, heading, hex32, ulps_from
 
 N = 100_003                 # more than six segments of 16384, and not a power of two
 PERMUTATIONS = 200
