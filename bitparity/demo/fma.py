@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
-from . import plots
 from ..compare.probe import round_to_float32
+from . import plots
 from .common import heading, hex32
 
 RANDOM_TRIPLES = 20_000
