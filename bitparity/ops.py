@@ -520,3 +520,157 @@ def _check_beam_scores(beam_scores, logits):
                          f"got {tuple(beam_scores.shape)}")
     if beam_scores.device != logits.device:
         raise ValueError(f"beam_scores must be on logits' device, {logits.device}; got {beam_scores.device}")
+
+
+# -- Model building blocks (spec 24) ---------------------------------------------------
+
+
+def _check_param(name, t, shape, like_name, like):
+    """A float tensor of an exact shape on like's device (a weight, bias or table)."""
+    _check_float_tensor(name, t, len(shape))
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}; got {tuple(t.shape)}")
+    if t.device != like.device:
+        raise ValueError(f"{name} must be on {like_name}'s device, {like.device}; got {t.device}")
+    return t.to(torch.float32).contiguous()
+
+
+def linear(x, weight, bias=None, *, backend=None):
+    """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N], each output the canonical sum over K of the
+    rounded products x_k * w_k (spec 24.1): the same bits for any number of rows and any tiling."""
+    _check_float_tensor("x", x, 1)
+    _check_float_tensor("weight", weight, 2)
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must have shape [N, K] with K = x.shape[-1] = {x.shape[-1]}; "
+                         f"got {tuple(weight.shape)}")
+    weight = _check_param("weight", weight, weight.shape, "x", x)
+    if bias is not None:
+        bias = _check_param("bias", bias, weight.shape[:1], "x", x)
+    return _call("linear", backend, _rows(x), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def rms_norm(x, weight, eps=1e-6, *, backend=None):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension (spec 24.2: canonical sum of squares,
+    times the reciprocal of D, spec 15.2's rsqrt), as Qwen3's RMSNorm."""
+    _check_float_tensor("x", x, 1)
+    weight = _check_param("weight", weight, x.shape[-1:], "x", x)
+    eps = _real("eps", eps, low=0.0, low_open=True)
+    if np.float32(eps) < np.finfo(np.float32).tiny:
+        raise ValueError(f"eps must be at least float32's smallest normal, 1.18e-38; got {eps}")
+    return _call("rms_norm", backend, _rows(x), weight, _f32(eps)).reshape(x.shape)
+
+
+def rotary(x, cos, sin, *, backend=None):
+    """Rotary embedding, rotate-half convention (HF, Qwen3): with x = [x1, x2] halves of the last
+    dimension D, out = [x1*cos - x2*sin, x2*cos + x1*sin] (spec 24.3). cos and sin [..., D/2] broadcast
+    to x.shape[:-1] + (D/2,); rotary_tables makes them."""
+    _check_float_tensor("x", x, 1)
+    if x.shape[-1] % 2:
+        raise ValueError(f"x's last dimension must be even (two halves); got {x.shape[-1]}")
+    half = (*x.shape[:-1], x.shape[-1] // 2)
+    tables = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check_float_tensor(name, t, 1)
+        try:
+            t = torch.broadcast_to(t, half)
+        except RuntimeError:
+            raise ValueError(f"{name} must broadcast to x.shape[:-1] + (D/2,) = {half}; "
+                             f"got {tuple(t.shape)}") from None
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on x's device, {x.device}; got {t.device}")
+        tables.append(_rows(t))
+    return _call("rotary", backend, _rows(x), *tables).reshape(x.shape)
+
+
+def rotary_tables(length, dim, base=10000.0):
+    """(cos, sin), float32 [length, dim/2]: position p and frequency i give cos and sin of
+    p * base**(-2i/dim), computed in float64 on the host and rounded once (spec 24.3)."""
+    length = _positive_int("length", length)
+    dim = _positive_int("dim", dim)
+    if dim % 2:
+        raise ValueError(f"dim must be even; got {dim}")
+    base = _real("base", base, low=1.0, low_open=True)
+    inv_freq = np.power(base, -np.arange(0, dim, 2, dtype=np.float64) / dim)
+    angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
+
+
+def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
+    """Scaled dot-product attention in the canonical order (spec 24.4): q [B, H, Tq, D], k and v [B, H, Tk, D]
+    -> [B, H, Tq, D], scale RN32(1/sqrt(D)).
+
+    Key j counts for query i of batch row b iff j < kv_lengths[b] (default Tk) and, when causal,
+    j <= i + (Tk - Tq): queries are the last Tq positions (flash-attention's bottom-right alignment), so a
+    one-token decode against a KV cache padded past its length gives the bits of the full-sequence prefill.
+    Keys that do not count are never read as numbers (garbage or NaN there changes nothing)."""
+    _check_float_tensor("q", q, 4)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape [B, H, Tq, D]; got {tuple(q.shape)}")
+    batch, heads, tq, d = q.shape
+    _check_float_tensor("k", k, 4)
+    if k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != d:
+        raise ValueError(f"k must have shape [B, H, Tk, D] = [{batch}, {heads}, Tk, {d}]; got {tuple(k.shape)}")
+    _check_same_shape("v", v, "k", k)
+    if k.device != q.device:
+        raise ValueError(f"k must be on q's device, {q.device}; got {k.device}")
+    tk = k.shape[2]
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if causal and tq > tk:
+        raise ValueError(f"causal attention needs Tq <= Tk (queries are the last Tq positions); got Tq={tq}, Tk={tk}")
+    if kv_lengths is None:
+        kv_lengths = torch.full((batch,), tk, dtype=torch.int64, device=q.device)
+    kv_lengths = _check_index_tensor("kv_lengths", kv_lengths, "[B]", q.shape[:1], q.device)
+    low, high = int(kv_lengths.min()), int(kv_lengths.max())
+    if low < 1 or high > tk:
+        raise ValueError(f"kv_lengths must lie in [1, Tk] = [1, {tk}]; got {low if low < 1 else high}")
+    scale = float(np.float32(1.0 / math.sqrt(d)))      # binary64 sqrt and division are correctly rounded everywhere
+    rows = [t.reshape(batch * heads, t.shape[2], d).to(torch.float32).contiguous() for t in (q, k, v)]
+    out = _call("attention", backend, *rows, kv_lengths.repeat_interleave(heads), causal, scale)
+    return out.reshape(q.shape)
+
+
+def silu_mul(gate, up, *, backend=None):
+    """SwiGLU's silu(gate) * up, element-wise (spec 24.5): sigmoid from one portable exp and spec 7's
+    reciprocal, whose argument 1 + exp(-|gate|) always lies in [1, 2]."""
+    _check_float_tensor("gate", gate, 0)
+    _check_same_shape("up", up, "gate", gate)
+    flat = [t.reshape(-1).to(torch.float32).contiguous() for t in (gate, up)]
+    return _call("silu_mul", backend, *flat).reshape(gate.shape)
+
+
+def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None):
+    """A Qwen3-MoE block (spec 24.6): x [M, D]; router_weight [E, D]; gate_proj and up_proj [E, I, D];
+    down_proj [E, D, I] -> [M, D].
+
+    router = linear(x, router_weight); the top_k experts by router logit (ties to the lowest expert
+    index); their weights the softmax over those top_k logits (= Qwen3's softmax, top-k, renormalise);
+    each chosen expert computes down(silu_mul(gate(x), up(x))); the outputs are combined per token as the
+    canonical sum over the top_k slots, in rank order, of weight * output. No scatter, no atomics: a
+    token's bits depend on that token only."""
+    _check_float_tensor("x", x, 2)
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [M, D]; got {tuple(x.shape)}")
+    _check_float_tensor("router_weight", router_weight, 2)
+    experts = router_weight.shape[0]
+    router_weight = _check_param("router_weight", router_weight, (experts, x.shape[1]), "x", x)
+    _check_float_tensor("gate_proj", gate_proj, 3)
+    inter = gate_proj.shape[1]
+    gate_proj = _check_param("gate_proj", gate_proj, (experts, inter, x.shape[1]), "x", x)
+    up_proj = _check_param("up_proj", up_proj, (experts, inter, x.shape[1]), "x", x)
+    down_proj = _check_param("down_proj", down_proj, (experts, x.shape[1], inter), "x", x)
+    top_k = _positive_int("top_k", top_k, experts, " (the number of experts E)")
+    x = x.to(torch.float32).contiguous()
+    logits = _call("linear", backend, x, router_weight, None)                       # [M, E]
+    top_logits, chosen = _call("topk", backend, logits, top_k)                      # [M, k], rank order
+    weights = _call("softmax", backend, top_logits.contiguous(), None, 1.0)         # [M, k]
+    weighted = torch.empty(x.shape[0], top_k, x.shape[1], dtype=torch.float32, device=x.device)   # [M, k, D]
+    for e in range(experts):
+        token, slot = torch.nonzero(chosen == e, as_tuple=True)
+        if token.numel() == 0:
+            continue
+        h = x[token]
+        act = _call("silu_mul", backend, _call("linear", backend, h, gate_proj[e], None).reshape(-1),
+                    _call("linear", backend, h, up_proj[e], None).reshape(-1)).reshape(-1, inter)
+        weighted[token, slot] = weights[token, slot][:, None] * _call("linear", backend, act, down_proj[e], None)
+    return _call("sum", backend, weighted.transpose(1, 2).reshape(-1, top_k).contiguous(), None).reshape(x.shape)

@@ -552,3 +552,67 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     scores = (f - shift[:, None]) - race_noise(seeds, positions, x.shape[1])
     w = np.where(greedy[:, None], x, scores)
     return np.where(bad, np.int64(-1), _first_argmax(np.where(bad[:, None], NEG_INF, w)))
+
+
+# -- Model building blocks (spec 24) ----------------------------------------------
+
+_LINEAR_ROWS_PER_PASS = 64   # bounds the [rows, N, K] product array; rows are independent, so bits do not depend on it
+
+
+def linear(x, weight, bias):
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]: y = canonical_sum_k(RN(x_k * w_k)) (+ b) (spec 24.1)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    out = np.empty((m, n), dtype=F32)
+    for start in range(0, m, _LINEAR_ROWS_PER_PASS):
+        rows = x[start:start + _LINEAR_ROWS_PER_PASS]
+        products = rows[:, None, :] * weight[None, :, :]                 # [rows, N, K], each rounded once
+        out[start:start + len(rows)] = canonical_sum(products.reshape(-1, k)).reshape(len(rows), n)
+    return out if bias is None else out + bias[None, :]
+
+
+def rms_norm(x, weight, eps):
+    """[R, D], weight [D] -> [R, D]: (x * rsqrt(canonical_sum(x*x) * (1/D) + eps)) * weight (spec 24.2)."""
+    ms = canonical_sum(x * x) * reciprocal(F32(x.shape[1]))
+    r = rsqrt(ms + F32(eps))
+    return (x * r[:, None]) * weight[None, :]
+
+
+def rotary(x, cos, sin):
+    """[R, D], cos and sin [R, D/2] -> [R, D]: the rotate-half rotation, two products and one add each (spec 24.3)."""
+    h = x.shape[1] // 2
+    x1, x2 = x[:, :h], x[:, h:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1)
+
+
+def attention_mask(tq, tk, kv_lengths, causal):
+    """[G, Tq, Tk] bool: key j counts for query i iff j < kv_lengths[g] and, when causal, j <= i + (Tk - Tq)."""
+    j = np.arange(tk)
+    mask = np.broadcast_to(j[None, None, :] < np.asarray(kv_lengths)[:, None, None], (len(kv_lengths), tq, tk))
+    if causal:
+        mask = mask & (j[None, None, :] <= np.arange(tq)[None, :, None] + (tk - tq))
+    return mask
+
+
+def attention(q, k, v, kv_lengths, causal, scale):
+    """q [G, Tq, D], k and v [G, Tk, D] -> [G, Tq, D] (spec 24.4): scores by canonical dots over D, the
+    softmax of spec 8 over the keys that count (scaled by `scale`), then out_d = canonical_sum_j(p_j * v_jd)
+    with the keys that do not count as -0.0, so trailing masked keys change no bit."""
+    g, tq, d = q.shape
+    tk = k.shape[1]
+    mask = attention_mask(tq, tk, kv_lengths, causal)
+    out = np.empty((g, tq, d), dtype=F32)
+    for i in range(g):
+        dots = canonical_sum((q[i][:, None, :] * k[i][None, :, :]).reshape(-1, d)).reshape(tq, tk)
+        p = softmax(dots, mask[i], scale)                               # [Tq, Tk]
+        terms = np.where(mask[i][:, :, None], p[:, :, None] * v[i][None, :, :], NEG_ZERO)   # [Tq, Tk, D]
+        out[i] = canonical_sum(terms.transpose(0, 2, 1).reshape(-1, tk)).reshape(tq, d)
+    return out
+
+
+def silu_mul(gate, up):
+    """[n] twice -> [n]: SwiGLU's silu(gate) * up with sigmoid = 1/(1 + e) or e/(1 + e), e = exp(-|g|) (spec 24.5)."""
+    e = exp(-np.abs(gate))
+    r = reciprocal(F32(1.0) + e)                    # 1 + e in [1, 2]: inside reciprocal's domain
+    sigmoid = np.where(gate >= F32(0.0), r, e * r)
+    return (gate * sigmoid) * up

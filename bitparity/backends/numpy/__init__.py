@@ -122,3 +122,28 @@ def filter_logits(x, scale, top_k, top_p, min_p):
 def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     return torch.from_numpy(canonical.sample(_np(x), _np(scale), _np(top_k), _np(top_p), _np(min_p), _np(greedy),
                                              _np(seeds), _np(positions)))
+
+
+@_quiet
+def linear(x, weight, bias):
+    return _torch(canonical.linear(_np(x), _np(weight), _np(bias)))
+
+
+@_quiet
+def rms_norm(x, weight, eps):
+    return _torch(canonical.rms_norm(_np(x), _np(weight), eps))
+
+
+@_quiet
+def rotary(x, cos, sin):
+    return _torch(canonical.rotary(_np(x), _np(cos), _np(sin)))
+
+
+@_quiet
+def attention(q, k, v, kv_lengths, causal, scale):
+    return _torch(canonical.attention(_np(q), _np(k), _np(v), _np(kv_lengths), causal, scale))
+
+
+@_quiet
+def silu_mul(gate, up):
+    return _torch(canonical.silu_mul(_np(gate), _np(up)))
