@@ -194,3 +194,39 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
         q[r].exponential_(generator=_row_generator(seeds[r], positions[r]))
     random = (probs / q.to(probs.device)).argmax(dim=-1)
     return torch.where(greedy, x.argmax(dim=-1), random)
+
+
+# -- Model building blocks, as HF transformers' Qwen3 / Qwen3-MoE modules write them --------------
+
+def linear(x, weight, bias):
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def rms_norm(x, weight, eps):
+    # Qwen3RMSNorm: variance = x.pow(2).mean(-1); x * rsqrt(variance + eps); weight * x.
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def rotary(x, cos, sin):
+    # HF's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, cos and sin repeated over both halves.
+    h = x.shape[-1] // 2
+    rotated = torch.cat((-x[:, h:], x[:, :h]), dim=-1)
+    return x * torch.cat((cos, cos), dim=-1) + rotated * torch.cat((sin, sin), dim=-1)
+
+
+def attention(q, k, v, kv_lengths, causal, scale):
+    # torch's scaled_dot_product_attention with a boolean mask of the keys that count (spec 24.4's mask).
+    tq, tk = q.shape[1], k.shape[1]
+    j = torch.arange(tk, device=q.device)
+    mask = (j[None, None, :] < kv_lengths[:, None, None]).expand(-1, tq, -1)
+    if causal:
+        mask = mask & (j[None, None, :] <= torch.arange(tq, device=q.device)[None, :, None] + (tk - tq))
+    # Unused cache slots may hold anything; SDPA multiplies masked probabilities by v, so zero them as engines do.
+    keep = (j[None, :] < kv_lengths[:, None])[:, :, None]
+    k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def silu_mul(gate, up):
+    return torch.nn.functional.silu(gate) * up
