@@ -8,8 +8,9 @@ the baseline for comparison.
 
 from .backends import backends, current_backend, use_backend
 from .beam import BeamSearchOutput, beam_search
-from .ops import (beam_search_step, entropy, exp, filter_logits, gae, kl_penalty, log, log_softmax, logsumexp,
-                  masked_mean, masked_whiten, ppo_policy_loss, sample, softmax, sum, token_logprobs, topk)
+from .ops import (attention, beam_search_step, entropy, exp, filter_logits, gae, kl_penalty, linear, log, log_softmax,
+                  logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm, rotary, rotary_tables, sample,
+                  silu_mul, softmax, sum, token_logprobs, topk)
 from .spec import SPEC_VERSION
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
     "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss",
     "topk", "filter_logits", "sample", "beam_search_step", "beam_search", "BeamSearchOutput",
+    "linear", "rms_norm", "rotary", "rotary_tables", "attention", "silu_mul", "moe",
 ]
