@@ -596,13 +596,14 @@ def _silu_mul_inputs(rng, kind, shape, seed):
 
 
 def _moe_inputs(rng, kind, shape, seed):
-    """x [M, D] and Qwen3-MoE weights. tied: router rows 5 and 6 copy rows 2 and 3 (so every token ties those
-    experts) and token 0 is all zeros (every expert ties at 0): the lowest-index rule decides the experts."""
+    """x [M, D] and Qwen3-MoE weights. tied: router rows 5 and 7 copy row 2 and row 6 copies row 3, so every token
+    ties those experts (a token whose best expert is 2 has a three-way tie across the top-2 boundary), and token 0
+    is all zeros (every expert ties at 0): the lowest-index rule decides which experts count and their order."""
     m, d, e, inter, k = shape
     x = _normal(rng, (m, d))
     router = _normal(rng, (e, d), 1.0 / np.sqrt(d))
     if kind == "tied":
-        router[5], router[6] = router[2], router[3]
+        router[5], router[7], router[6] = router[2], router[2], router[3]
         x[0] = 0.0
     gate, up = _normal(rng, (e, inter, d), 1.0 / np.sqrt(d)), _normal(rng, (e, inter, d), 1.0 / np.sqrt(d))
     down = _normal(rng, (e, d, inter), 1.0 / np.sqrt(inter))
