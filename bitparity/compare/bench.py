@@ -21,18 +21,25 @@ from .. import ops
 from ..backends import availability, device_type
 from . import cases
 from .cli_common import Progress
-from .run import ELEMENTWISE_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS
+from .run import ELEMENTWISE_OPS, MODEL_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS
 from .timing import measure
 
 BENCH_BACKENDS = ("cpu", "cuda", "ascend")
 
 # Shapes per tier: [rows, vocab] for the softmax family and the sampling ops (beam_search_step: rows
-# are 4-beam requests' beams), [n] for exp/log, [B, T] for the RL ops.
+# are 4-beam requests' beams), [n] for exp/log, [B, T] for the RL ops; each model op has its own entry,
+# in the terms of cases.MODEL_CASES (linear (M, K, N), attention (B, H, Tq, Tk, D), ...).
 SHAPES = {
     "quick": {"softmax": ((16, 32000),), "elementwise": ((1 << 20,),), "rl": ((64, 512),),
-              "sampling": ((16, 32000),)},
+              "sampling": ((16, 32000),),
+              "linear": ((64, 1024, 1024),), "rms_norm": ((64, 4096),), "rotary": ((64, 32, 128),),
+              "attention": ((1, 8, 128, 128, 64), (8, 8, 1, 512, 64)), "silu_mul": ((1 << 20,),),
+              "moe": ((64, 256, 8, 128, 2),)},
     "full": {"softmax": ((64, 151936), (4096, 32000), (256, 151936)), "elementwise": ((1 << 24,),),
-             "rl": ((256, 4096), (4096, 512)), "sampling": ((64, 151936),)},
+             "rl": ((256, 4096), (4096, 512)), "sampling": ((64, 151936),),
+             "linear": ((1, 4096, 4096), (256, 4096, 4096)), "rms_norm": ((4096, 4096),),
+             "rotary": ((4096, 32, 128),), "attention": ((4, 32, 512, 512, 128), (64, 32, 1, 2048, 128)),
+             "silu_mul": ((1 << 24,),), "moe": ((512, 1024, 32, 512, 4),)},
 }
 # The sampling ops' settings: the suite's vLLM-style top-k 50, top-p 0.9 at T = 0.7; beams of 4.
 SAMPLING_FILTERS = cases.FILTERS["k50-p0.9-T0.7"]
@@ -44,6 +51,9 @@ COPY_BYTES = {"cpu": 1 << 28, "cuda": 1 << 30, "npu": 1 << 30}    # bytes each s
 
 
 def family(op):
+    """The key of op's shapes in SHAPES: a model op has its own."""
+    if op in MODEL_OPS:
+        return op
     if op in SOFTMAX_OPS:
         return "softmax"
     if op in SAMPLING_OPS:
@@ -65,6 +75,8 @@ def make_call(op, shape, device, seed=0):
         args, kwargs = (cases.make_elementwise(op, *shape, seed),), {}
     elif op in SAMPLING_OPS:
         args, kwargs = _sampling_call(op, shape, seed)
+    elif op in MODEL_OPS:
+        args, kwargs = cases.model_inputs(op, cases.MODEL_TIMING[op][0], shape, seed)
     else:
         rl = cases.make_rl_batch(*shape, seed)
         args, kwargs = {
@@ -74,7 +86,7 @@ def make_call(op, shape, device, seed=0):
             "kl_penalty": ((rl["logp"], rl["ref_logp"], "k3"), {}),
             "ppo_policy_loss": ((rl["logp"], rl["old_logp"], rl["advantages"], rl["mask"]), {}),
         }[op]
-    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), kwargs
+    return cases.to_device((args, kwargs), device)
 
 
 def _sampling_call(op, shape, seed):

@@ -484,6 +484,178 @@ def _beam_timing(tier, seed):
     return _beam_case(tier, *BEAM_SHAPES[tier][-1], seed)
 
 
+# model building blocks (spec 24) ----------------------------------------------------------
+
+MODEL_OPS = ("linear", "rms_norm", "rotary", "attention", "silu_mul", "moe")
+# Each op's cases per tier, (kind, shape), the shape in the op's own terms:
+#   linear (M, K, N); rms_norm (M, D); rotary (T, H, D); attention (B, H, Tq, Tk, D); silu_mul (n,);
+#   moe (M, D, E, I, k).
+# K and D = 1100 cross spec 3's 1024-lane chunk and 16385 a segment. The quick tier stays small: in CI the
+# cuda backend runs in the Triton interpreter and ascend in a host emulation.
+_ADVERSARIAL_ROWS = ("subnormal", "huge", "signed_zero")
+MODEL_CASES = {
+    "linear": {"quick": [("random", (5, 63, 33)), ("bias", (3, 1100, 17)), ("random", (1, 64, 9)),
+                         ("specials", (8, 64, 9)), *((kind, (4, 64, 9)) for kind in _ADVERSARIAL_ROWS)],
+               "full": [("random", (64, 4096, 256)), ("bias", (257, 1025, 130)), ("random", (4, 16385, 8)),
+                        *((kind, (64, 1100, 64)) for kind in ("specials", *_ADVERSARIAL_ROWS))]},
+    "rms_norm": {"quick": [("random", (8, 64)), ("random", (3, 1100)),
+                           *((kind, (8, 64)) for kind in ("specials", *_ADVERSARIAL_ROWS))],
+                 "full": [("random", (256, 4096)), ("random", (8, 16385)),
+                          *((kind, (64, 1100)) for kind in ("specials", *_ADVERSARIAL_ROWS))]},
+    "rotary": {"quick": [("random", (5, 4, 16)), ("random", (3, 2, 130)), ("specials", (8, 1, 64))],
+               "full": [("random", (256, 32, 128)), ("specials", (64, 4, 128))]},
+    "attention": {"quick": [("prefill", (2, 2, 9, 9, 16)), ("decode", (3, 2, 1, 40, 16)),
+                            ("noncausal", (2, 2, 5, 11, 8)), ("specials", (2, 2, 8, 8, 16))],
+                  "full": [("prefill", (4, 8, 256, 256, 64)), ("decode", (32, 8, 1, 2048, 64)),
+                           ("noncausal", (2, 4, 64, 1100, 64)), ("specials", (2, 4, 64, 64, 64))]},
+    "silu_mul": {"quick": [("sweep", (1 << 14,)), ("subnormal", (1024,))],
+                 "full": [("sweep", (1 << 22,))]},
+    "moe": {"quick": [("random", (6, 16, 8, 12, 2)), ("tied", (5, 16, 8, 12, 2))],
+            "full": [("random", (64, 256, 8, 128, 2)), ("random", (32, 1100, 16, 64, 4)),
+                     ("tied", (64, 64, 8, 32, 2))]},
+}
+# The case each op's cost is measured on: (kind, shape per tier).
+MODEL_TIMING = {"linear": ("random", {"quick": (16, 256, 64), "full": (64, 1024, 1024)}),
+                "rms_norm": ("random", {"quick": (16, 1024), "full": (256, 4096)}),
+                "rotary": ("random", {"quick": (16, 4, 64), "full": (256, 32, 128)}),
+                "attention": ("prefill", {"quick": (1, 2, 16, 16, 32), "full": (2, 8, 128, 128, 64)}),
+                "silu_mul": ("sweep", {"quick": (1 << 14,), "full": (1 << 20,)}),
+                "moe": ("random", {"quick": (8, 32, 8, 16, 2), "full": (64, 256, 8, 128, 2)})}
+RMS_EPS = 1e-6
+
+
+def _normal(rng, shape, scale=1.0):
+    return torch.from_numpy((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def _rows_of_kind(kind, rows, n, seed):
+    """float32 [rows, n] of a row kind (ROW_KINDS; "bias" rows are "random") or an adversarial kind."""
+    if kind in ADVERSARIAL_KINDS:
+        return make_adversarial(kind, rows, n, seed)
+    return make_logits("random" if kind == "bias" else kind, rows, n, seed)[0]
+
+
+def _linear_inputs(rng, kind, shape, seed):
+    """x of the kind; weight [N, K] with row 0 non-negative, so that x's all -0.0 rows (signed_zero) give an
+    all -0.0 product row, which must stay -0.0; specials add a half -0.0 row and a subnormal weight."""
+    m, k, n = shape
+    x = _rows_of_kind(kind, m, k, seed)
+    weight = _normal(rng, (n, k), 1.0 / np.sqrt(k))
+    weight[0] = weight[0].abs()
+    if kind == "specials":
+        weight[1, : k // 2] = -0.0
+        weight[2, 0] = 1e-40
+    bias = _normal(rng, (n,)) if kind == "bias" else None
+    return (x, weight, bias), {}
+
+
+def _rms_norm_inputs(rng, kind, shape, seed):
+    return (_rows_of_kind(kind, *shape, seed), _normal(rng, shape[1:]) + 1.0, RMS_EPS), {}
+
+
+def _rotary_inputs(rng, kind, shape, seed):
+    """x [T, H, D] and cos, sin [T, 1, D/2] (broadcast over heads) on the unit circle, position 0 the identity.
+    The tables come from uniforms and binary64's correctly rounded sqrt, not from a libm cos and sin, so every
+    host builds the same bits (ops.rotary_tables may differ in the last bit between libms, spec 24.3)."""
+    t, h, d = shape
+    x = _rows_of_kind(kind, t * h, d, seed).reshape(t, h, d)
+    c = rng.uniform(-1.0, 1.0, (t, 1, d // 2))
+    s = np.sqrt(1.0 - c * c) * np.where(rng.random(c.shape) < 0.5, -1.0, 1.0)
+    c[0], s[0] = 1.0, 0.0
+    return (x, torch.from_numpy(c.astype(np.float32)), torch.from_numpy(s.astype(np.float32))), {}
+
+
+def _attention_inputs(rng, kind, shape, seed):
+    """q [B, H, Tq, D], k and v [B, H, Tk, D]; kv_lengths in [1, Tk] per batch row, row 0 full.
+    decode: one query against a KV cache whose slots past each length hold NaN (k) and inf (v), which must
+    change no bit; specials: NaN, +-inf and +-0 in the queries of batch row 0 (NaN or inf reaches only its own
+    query), and the keys of batch row 1 scaled by 100, so that its softmax is nearly one-hot and most exp terms
+    underflow."""
+    b, h, tq, tk, d = shape
+    q, k, v = _normal(rng, (b, h, tq, d)), _normal(rng, (b, h, tk, d)), _normal(rng, (b, h, tk, d))
+    lengths = torch.from_numpy(rng.integers(1, tk + 1, b).astype(np.int64))
+    lengths[0] = tk
+    if kind == "decode":
+        unused = (torch.arange(tk)[None, :] >= lengths[:, None])[:, None, :, None].expand_as(k)    # [B, H, Tk, D]
+        k[unused], v[unused] = float("nan"), float("inf")
+    if kind == "specials":
+        q[0] = torch.from_numpy(_specials(rng, q[0].reshape(-1, d).numpy().copy()).reshape(q.shape[1:]))
+        k[1:2] *= 100.0
+    return (q, k, v), {"causal": kind != "noncausal", "kv_lengths": lengths}
+
+
+def _silu_mul_inputs(rng, kind, shape, seed):
+    """gate: the element-wise specials, then uniforms over exp's range [-110, 95] (sweep), or signed subnormals;
+    up: standard normal."""
+    (n,) = shape
+    if kind == "sweep":
+        gate = np.concatenate([ELEMENTWISE_SPECIALS, rng.uniform(-110.0, 95.0, n - len(ELEMENTWISE_SPECIALS))])
+    else:
+        gate = np.where(rng.random(n) < 0.5, -1.0, 1.0) * np.exp(rng.uniform(np.log(1.4e-45), np.log(1.1e-38), n))
+    return (torch.from_numpy(gate.astype(np.float32)), _normal(rng, (n,))), {}
+
+
+def _moe_inputs(rng, kind, shape, seed):
+    """x [M, D] and Qwen3-MoE weights. tied: router rows 5 and 7 copy row 2 and row 6 copies row 3, so every token
+    ties those experts (a token whose best expert is 2 has a three-way tie across the top-2 boundary), and token 0
+    is all zeros (every expert ties at 0): the lowest-index rule decides which experts count and their order."""
+    m, d, e, inter, k = shape
+    x = _normal(rng, (m, d))
+    router = _normal(rng, (e, d), 1.0 / np.sqrt(d))
+    if kind == "tied":
+        router[5], router[7], router[6] = router[2], router[2], router[3]
+        x[0] = 0.0
+    gate, up = _normal(rng, (e, inter, d), 1.0 / np.sqrt(d)), _normal(rng, (e, inter, d), 1.0 / np.sqrt(d))
+    down = _normal(rng, (e, d, inter), 1.0 / np.sqrt(inter))
+    return (x, router, gate, up, down, k), {}
+
+
+_MODEL_BUILDERS = {"linear": _linear_inputs, "rms_norm": _rms_norm_inputs, "rotary": _rotary_inputs,
+                   "attention": _attention_inputs, "silu_mul": _silu_mul_inputs, "moe": _moe_inputs}
+
+
+def model_inputs(op, kind, shape, seed=0):
+    """(args, kwargs) of ops.<op> for a model case of kind and shape (MODEL_CASES gives the shapes' terms)."""
+    rng = np.random.default_rng([seed, *shape, MODEL_OPS.index(op), 200])
+    return _MODEL_BUILDERS[op](rng, kind, shape, seed)
+
+
+def _model_shapes(op, kind, shape):
+    """Input name -> shape, for the tensors of a model case in argument order (keyword tensors last)."""
+    if op == "linear":
+        m, k, n = shape
+        return {"x": [m, k], "weight": [n, k], **({"bias": [n]} if kind == "bias" else {})}
+    if op == "rms_norm":
+        return {"x": list(shape), "weight": [shape[1]]}
+    if op == "rotary":
+        t, h, d = shape
+        return {"x": [t, h, d], "cos": [t, 1, d // 2], "sin": [t, 1, d // 2]}
+    if op == "attention":
+        b, h, tq, tk, d = shape
+        return {"q": [b, h, tq, d], "k": [b, h, tk, d], "v": [b, h, tk, d], "kv_lengths": [b]}
+    if op == "silu_mul":
+        return {"gate": list(shape), "up": list(shape)}
+    m, d, e, inter, _ = shape
+    return {"x": [m, d], "router_weight": [e, d], "gate_proj": [e, inter, d], "up_proj": [e, inter, d],
+            "down_proj": [e, d, inter]}
+
+
+def _model_case(op, tier, kind, shape, seed):
+    return Case(f"{op}/{kind}/{'x'.join(map(str, shape))}", op, tier, _model_shapes(op, kind, shape),
+                partial(model_inputs, op, kind, shape, seed))
+
+
+def _model_cases(op, seed):
+    for tier in TIERS:
+        for kind, shape in MODEL_CASES[op][tier]:
+            yield _model_case(op, tier, kind, shape, seed)
+
+
+def _model_timing(op, tier, seed):
+    kind, shapes = MODEL_TIMING[op]
+    return _model_case(op, tier, kind, shapes[tier], seed)
+
+
 for _op in SOFTMAX_OPS:
     register(_op, partial(_softmax_cases, _op), partial(_softmax_timing, _op))
 for _op in ELEMENTWISE_OPS:
@@ -493,3 +665,5 @@ for _op in RL_OPS:
 for _op in SAMPLING_OPS[:3]:
     register(_op, partial(_sampling_cases, _op), partial(_sampling_timing, _op))
 register("beam_search_step", _beam_cases, _beam_timing)
+for _op in MODEL_OPS:
+    register(_op, partial(_model_cases, _op), partial(_model_timing, _op))

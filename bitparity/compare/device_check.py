@@ -31,8 +31,13 @@ from .cli_common import add_tier_args, tier
 SOFTMAX_SHAPES = ((64, 151936), (4096, 32000))
 SHAPES = {
     "hardware": {"softmax": SOFTMAX_SHAPES, "elementwise": ((1 << 24,),), "rl": ((256, 4096), (4096, 512)),
-                 "sampling": ((64, 151936),)},
-    "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),), "sampling": ((4, 2048),)},
+                 "sampling": ((64, 151936),), "linear": ((1, 4096, 4096), (256, 4096, 4096)),
+                 "rms_norm": ((4096, 4096),), "rotary": ((4096, 32, 128),),
+                 "attention": ((4, 32, 512, 512, 128), (64, 32, 1, 2048, 128)), "silu_mul": ((1 << 24,),),
+                 "moe": ((512, 1024, 32, 512, 4),)},
+    "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),), "sampling": ((4, 2048),),
+              "linear": ((4, 256, 64),), "rms_norm": ((8, 256),), "rotary": ((8, 4, 64),),
+              "attention": ((1, 2, 16, 16, 32),), "silu_mul": ((1 << 14,),), "moe": ((8, 32, 8, 16, 2),)},
 }
 MEMORY_BOUND = ("logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "gae")
 TARGET_COPY_FRACTION = 0.8        # memory-bound ops: at least 80% of the measured copy bandwidth

@@ -18,11 +18,11 @@ from .. import ops
 from ..backends import availability
 from ..reference import float64
 from . import cases, golden, metrics
-from .cases import ELEMENTWISE_OPS, RL_OPS, SAMPLING_OPS, SOFTMAX_OPS
+from .cases import ELEMENTWISE_OPS, MODEL_OPS, RL_OPS, SAMPLING_OPS, SOFTMAX_OPS
 from .cli_common import Progress
 from .timing import measure
 
-OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS + SAMPLING_OPS
+OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS + SAMPLING_OPS + MODEL_OPS
 LOG_SPACE = ("logsumexp", "log_softmax", "token_logprobs")
 DEFAULT_BACKENDS = ("numpy", "cpu", "cuda", "ascend", "native")
 

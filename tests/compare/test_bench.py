@@ -99,3 +99,12 @@ def test_where_labels_the_interpreter_even_on_a_gpu(monkeypatch):
     assert bench.where("cuda") == "Triton interpreter (CPU, GPU tensors)"
     monkeypatch.setattr(cuda, "_INTERPRETED", False)
     assert bench.where("cuda") == "GPU"
+
+
+def test_make_call_builds_model_inputs_on_the_device():
+    args, kwargs = bench.make_call("attention", (1, 2, 3, 5, 4), "cpu")
+    assert [tuple(a.shape) for a in args] == [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)]
+    assert kwargs["causal"] is True and kwargs["kv_lengths"].shape == (1,)
+    args, _ = bench.make_call("moe", (4, 8, 8, 6, 2), "cpu")
+    assert [tuple(a.shape) for a in args[:5]] == [(4, 8), (8, 8), (8, 6, 8), (8, 6, 8), (8, 8, 6)] and args[5] == 2
+    assert bench.default_shapes("linear", "full") == bench.SHAPES["full"]["linear"]

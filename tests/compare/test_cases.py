@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from bitparity import ops
 from bitparity.compare import cases, golden
 from bitparity.compare.run import OPS
 
@@ -118,3 +119,44 @@ def test_native_runs_on_the_accelerator_when_there_is_one(monkeypatch):
     assert cases.backend_device("native") == "cuda"
     monkeypatch.setattr(cases, "device_type", lambda name: "cpu")
     assert cases.backend_device("native") == "cpu"
+
+
+def test_model_cases_rebuild_to_their_shapes_keyword_tensors_included():
+    for case in cases.suite("quick", list(cases.MODEL_OPS)):
+        (args1, kw1), (args2, kw2) = case.inputs(), case.inputs()
+        tensors = [a for a in (*args1, *kw1.values()) if isinstance(a, torch.Tensor)]
+        assert [list(t.shape) for t in tensors] == list(case.shapes.values()), case.name
+        assert [golden.digest(t) for t in tensors] == [
+            golden.digest(t) for t in (*args2, *kw2.values()) if isinstance(t, torch.Tensor)]
+
+
+def _inputs(name):
+    return next(c for c in cases.suite("full") if c.name == name).inputs()
+
+
+def test_model_cases_hold_what_they_claim():
+    # decode: the cache slots past each row's length hold NaN keys and inf values, which spec 24.4 ignores
+    (q, k, v), kw = _inputs("attention/decode/3x2x1x40x16")
+    lengths = kw["kv_lengths"]
+    assert kw["causal"] and lengths[0] == 40 and bool((lengths < 40).any())
+    for b, n in enumerate(lengths.tolist()):
+        assert k[b, :, n:].isnan().all() and v[b, :, n:].isinf().all() and k[b, :, :n].isfinite().all()
+    assert _inputs("attention/noncausal/2x2x5x11x8")[1]["causal"] is False
+    # moe tied: some token's k-th and (k+1)-th router logits are equal, so the tie rule decides which expert
+    # counts; token 0 is zero (every logit ties)
+    (x, router, *_, top_k), _ = _inputs("moe/tied/5x16x8x12x2")
+    ranked, _ = ops.topk(ops.linear(x, router, backend="numpy"), top_k + 1, backend="numpy")
+    assert bool((ranked[1:, top_k - 1] == ranked[1:, top_k]).any()) and not x[0].any()     # beyond token 0
+    # linear K crosses the 1024-lane chunk and a segment; signed_zero has an all -0.0 row against a
+    # non-negative weight row, whose canonical output stays -0.0
+    full_k = {c.shapes["x"][1] for c in cases.suite("full", ["linear"])}
+    assert max(c.shapes["x"][1] for c in cases.suite("quick", ["linear"])) > 1024 and 16385 in full_k
+    case = next(c for c in cases.suite("quick", ["linear"]) if c.name == "linear/signed_zero/4x64x9")
+    (x, w, _), _ = case.inputs()
+    negative_zero = torch.tensor(-0.0).view(torch.int32)
+    assert (x[1].view(torch.int32) == negative_zero).all() and (w[0] >= 0).all()
+    assert case.run("numpy")[1, 0].view(torch.int32) == negative_zero
+    # rotary tables: on the unit circle to float32 rounding, position 0 the identity
+    (_, cos, sin), _ = _inputs("rotary/random/5x4x16")
+    assert (cos[0] == 1).all() and (sin[0] == 0).all()
+    assert ((cos.double() ** 2 + sin.double() ** 2 - 1).abs() < 1e-6).all()
