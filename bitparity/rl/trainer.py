@@ -65,9 +65,10 @@ def sequence_score(tokens):
     return np.float32(sum(t % 2 == 0 for t in tokens) / len(tokens) - 0.5)
 
 
-def _response_layout(rows, width, fill):
-    """Per-request 1-d tensors -> [requests, width], right-padded with fill."""
-    out = torch.full((len(rows), width), fill, dtype=rows[0].dtype if torch.is_tensor(rows[0]) else torch.int64)
+def _response_layout(rows, width, fill, device):
+    """Per-request 1-d tensors or token lists -> [requests, width] on device, right-padded with fill."""
+    dtype = rows[0].dtype if torch.is_tensor(rows[0]) else torch.int64
+    out = torch.full((len(rows), width), fill, dtype=dtype, device=device)
     for i, row in enumerate(rows):
         out[i, :len(row)] = row if torch.is_tensor(row) else torch.tensor(row, dtype=torch.int64)
     return out
@@ -95,7 +96,7 @@ def recompute(model, rollout, layout, temperature):
     values = torch.zeros(n, width, device=model.device)
     for start in range(0, n, micro):
         chunk = order[start:start + micro]
-        tokens = _response_layout([sequences[r] for r in chunk], columns, 0).to(model.device)
+        tokens = _response_layout([sequences[r] for r in chunk], columns, 0, model.device)
         lengths = torch.tensor([len(sequences[r]) for r in chunk], dtype=torch.int64, device=model.device)
         logits, vals, _, _ = model.prefill(tokens, lengths)
         scored = ops.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature, backend=model.backend)
@@ -110,19 +111,19 @@ def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSetti
     """The trainer's step on a finished rollout: recomputed log-probs and values (policy), reference
     log-probs, rewards -kl_coef * k1 + score at the last token, GAE (carry), whitened advantages and the
     token-mean PPO loss against the rollout's log-probs (spec §25.5)."""
-    backend = policy.backend
+    backend, device = policy.backend, policy.device
     width = max(map(len, rollout.tokens))
-    tokens = _response_layout(rollout.tokens, width, -1)
+    tokens = _response_layout(rollout.tokens, width, -1, device)
     mask = tokens >= 0
-    logp_rollout = _response_layout(rollout.logprobs, width, 0.0)
-    values_rollout = _response_layout(rollout.values, width, 0.0)
+    logp_rollout = _response_layout(rollout.logprobs, width, 0.0, device)
+    values_rollout = _response_layout(rollout.values, width, 0.0, device)
     logp_train, values_train = recompute(policy, rollout, layout, settings.temperature)
     ref_logp, _ = recompute(reference, rollout, layout, settings.temperature)
     kl = ops.kl_penalty(logp_train, ref_logp, "k1", backend=backend)
     rewards = kl * float(np.float32(-settings.kl_coef))                              # one multiply
-    scores = torch.tensor(np.array([sequence_score(t) for t in rollout.tokens], dtype=np.float32))
-    last = torch.tensor([len(t) - 1 for t in rollout.tokens])
-    rows = torch.arange(len(last))
+    scores = torch.tensor(np.array([sequence_score(t) for t in rollout.tokens], dtype=np.float32), device=device)
+    last = torch.tensor([len(t) - 1 for t in rollout.tokens], device=device)
+    rows = torch.arange(len(last), device=device)
     rewards[rows, last] = rewards[rows, last] + scores                               # one add
     advantages, returns = ops.gae(rewards, values_train, mask, settings.gamma, settings.lam, backend=backend)
     whitened = ops.masked_whiten(advantages, mask, backend=backend)
