@@ -133,8 +133,10 @@ class TinyMoEPolicy:
         return logits, ops.linear(x, self.weights["value_head"], backend=self.backend)[..., 0]
 
     def _check_tokens(self, name, tokens, dims):
-        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.dim() != dims:
-            raise TypeError(f"{name} must be an int64 tensor with {dims} dimension(s)")
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64:
+            raise TypeError(f"{name} must be an int64 torch.Tensor; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() != dims:
+            raise ValueError(f"{name} must have {dims} dimension(s); got shape {tuple(tokens.shape)}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab):
             raise ValueError(f"{name} must lie in [0, {self.config.vocab}) (the vocabulary)")
 

@@ -94,7 +94,9 @@ def test_bad_config_and_tokens_are_rejected():
     model = TinyMoEPolicy(SMALL)
     with pytest.raises(ValueError, match=r"tokens must lie in \[0, 256\)"):
         model.prefill(torch.tensor([[256]]), torch.tensor([1]))
-    with pytest.raises(TypeError, match="tokens must be an int64 tensor"):
+    with pytest.raises(TypeError, match="tokens must be an int64 torch.Tensor; got torch.float32"):
         model.prefill(torch.tensor([[1.0]]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"tokens must have 2 dimension\(s\); got shape \(3,\)"):
+        model.prefill(torch.tensor([1, 2, 3]), torch.tensor([3]))
     with pytest.raises(ValueError, match="at most max_positions = 64"):
         model.prefill(torch.zeros(1, 65, dtype=torch.int64), torch.tensor([65]))
