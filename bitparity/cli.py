@@ -1,4 +1,4 @@
-"""The `bitparity` command: compare, verify, diff, probe, bench, backends and demo.
+"""The `bitparity` command: compare, verify, diff, probe, bench, backends, demo and rl-check.
 
 Each subcommand has its own `_add_<name>_parser(sub)` and handler, so commands are added one
 block at a time."""
@@ -262,12 +262,73 @@ def _add_bench_parser(sub):
     p.set_defaults(func=_bench)
 
 
+# -- rl-check -------------------------------------------------------------------------
+
+def _agreement_rows(doc):
+    return [(name, f"{doc[key]['max_abs_diff']:.3g}", f"{doc[key]['bitwise_equal']}/{doc[key]['tokens']}",
+             f"{doc[key]['percent']:.1f}") for name, key in (("log-prob", "logprob"), ("value", "value"))]
+
+
+def _rl_report(doc, label):
+    table = tabulate(_agreement_rows(doc), headers=(f"{label}: rollout vs trainer", "max abs diff", "bitwise equal",
+                                                    "%"), tablefmt="github")
+    return (f"{table}\nloss {doc['loss']!r}, clip fraction {doc['clip_fraction']!r}; PPO ratio exactly 1 on every "
+            f"token: {'yes' if doc['ratio_exactly_one'] else 'NO'}\ndigest (sha256): {doc['digest']}")
+
+
+def _rl_check(args):
+    from .rl import check
+
+    if not 0 <= args.seed < 2**31:
+        return _fail("rl-check", f"--seed must be in [0, 2**31); got {args.seed}")
+    available, reason = availability(args.backend)
+    if not available:
+        return _fail("rl-check", f"--backend {args.backend} is not available here: {reason}")
+    why = args.json and _writable(args.json)
+    if why:
+        return _fail("rl-check", f"--json {why}")
+    doc, _ = check.check(args.backend, args.seed, native=args.native)
+    doc["spec_version"] = SPEC_VERSION
+    c = doc["config"]
+    print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}\n"
+          f"TinyMoEPolicy: vocab {c['vocab']}, hidden {c['hidden']}, {c['layers']} layers, {c['heads']} heads x "
+          f"{c['head_dim']}, {c['experts']} experts top-{c['top_k']}\n"
+          f"rollout: {doc['requests']} requests over {doc['steps']} steps, max batch {doc['max_batch']}, decode batch "
+          f"sizes {doc['decode_batch_sizes']}; trainer: reversed order, {doc['trainer_layout']['pad_extra']} extra "
+          f"padding columns, micro-batches of {doc['trainer_layout']['micro_batch']}\n")
+    print(_rl_report(doc, args.backend))
+    if args.native:
+        print("\n" + _rl_report(doc["native"], "native"))
+        cells = [(r["max_batch"], r["micro_batch"], f"{r['max_abs_logp_diff']:.3g}", f"{r['logp_equal_percent']:.1f}",
+                  f"{r['max_abs_value_diff']:.3g}", f"{r['value_equal_percent']:.1f}") for r in doc["native"]["sweep"]]
+        print("\nnative, by rollout batch cap and trainer micro-batch (each row its own rollout and trainer step):\n" +
+              tabulate(cells, headers=("max batch", "micro-batch", "max |dlogp|", "logp bitwise %", "max |dvalue|",
+                                       "value bitwise %"), tablefmt="github"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    return 1 if args.backend != "native" and not doc["consistent"] else 0
+
+
+def _add_rl_check_parser(sub):
+    p = sub.add_parser("rl-check", help="one RL step on TinyMoEPolicy: rollout vs trainer log-probs and values, "
+                                        "bit for bit")
+    p.add_argument("--backend", choices=NAMES, default="numpy", help="backend for the model and the RL ops "
+                   "(default: numpy); exit status 1 if a canonical backend shows any mismatch")
+    p.add_argument("--native", action="store_true", help="also run the identical model on torch's own ops and "
+                   "tabulate its mismatch by rollout batch cap and trainer micro-batch")
+    p.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed (default 0)")
+    p.add_argument("--json", metavar="FILE", help="write the report to FILE as JSON")
+    p.set_defaults(func=_rl_check)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="bitparity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_compare_parser, _add_verify_parser, _add_diff_parser, _add_probe_parser, _add_bench_parser,
-                _add_backends_parser, _add_demo_parser):
+                _add_backends_parser, _add_demo_parser, _add_rl_check_parser):
         add(sub)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -1,0 +1,106 @@
+"""`bitparity rl-check`: its report and JSON, its exit status (1 on any mismatch of a canonical backend, 2 on
+bad input), the digest that docs/spec.md §25 publishes, and --native's numbers against a recomputation from
+the step's own tensors."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bitparity import cli
+from bitparity.rl import check
+from tests.models.test_tiny_moe import SMALL
+
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Runs rl-check keeps the (Rollout, StepResult) pairs of its last check() here."""
+    runs = {}
+    original = check.check
+
+    def keeping(*args, **kwargs):
+        doc, done = original(*args, **kwargs)
+        runs.update(done)
+        return doc, done
+    monkeypatch.setattr(check, "check", keeping)
+    return runs
+
+
+def _recomputed(a, b, mask):
+    """max |a - b| in float64 and the fraction of equal bit patterns, from the tensors alone."""
+    a, b, m = a.numpy(), b.numpy(), mask.numpy()
+    return float(np.abs(a.astype(np.float64) - b)[m].max()), float((a.view(np.int32) == b.view(np.int32))[m].mean())
+
+
+def test_rl_check_reports_zero_logdiff_and_the_spec_digest(tmp_path, capsys, captured):
+    out = tmp_path / "rl.json"
+    assert cli.main(["rl-check", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert {"spec_version", "backend", "seed", "config", "max_batch", "trainer_layout", "settings", "requests",
+            "steps", "decode_batch_sizes", "logprob", "value", "loss", "clip_fraction", "ratio_exactly_one",
+            "digest", "consistent"} <= doc.keys()
+    result = captured["numpy"][1]
+    assert doc["logprob"] == {"max_abs_diff": 0.0, "bitwise_equal": int(result.mask.sum()),
+                              "tokens": int(result.mask.sum()), "percent": 100.0}
+    assert doc["value"]["bitwise_equal"] == doc["value"]["tokens"] and doc["ratio_exactly_one"] and doc["consistent"]
+    assert doc["requests"] == 12 and len(doc["decode_batch_sizes"]) >= 5 and "native" not in doc
+    assert doc["loss"] == float(result.loss)
+    published = re.search(r"rl-check` digest, seed 0, numpy: `([0-9a-f]{64})`", SPEC.read_text()).group(1)
+    assert doc["digest"] == published
+    assert f"digest (sha256): {published}" in text and "PPO ratio exactly 1 on every token: yes" in text
+
+
+def test_native_numbers_are_what_its_tensors_show(tmp_path, capsys, captured, monkeypatch):
+    monkeypatch.setattr(check, "ModelConfig", lambda: SMALL)           # a smaller model and sweep than the command's
+    monkeypatch.setattr(check, "NATIVE_BATCH_CAPS", (1, None))
+    monkeypatch.setattr(check, "NATIVE_MICRO_BATCHES", (2, None))
+    out = tmp_path / "rl.json"
+    assert cli.main(["rl-check", "--native", "--seed", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    native = json.loads(out.read_text())["native"]
+    result = captured["native"][1]
+    for key, a, b in (("logprob", result.logp_train, result.logp_rollout),
+                      ("value", result.values_train, result.values_rollout)):
+        largest, equal = _recomputed(a, b, result.mask)
+        assert native[key]["max_abs_diff"] == largest
+        assert native[key]["percent"] == pytest.approx(100 * equal, abs=1e-9)
+    assert [(r["max_batch"], r["micro_batch"]) for r in native["sweep"]] == [(1, 2), (1, "all"), ("all", 2),
+                                                                          ("all", "all")]
+    # One sweep row recomputed from a fresh native run of its own schedule and layout.
+    policy, reference = check.models("native", 3, SMALL)
+    done = check.rollout(policy, check.default_requests(3, vocab=SMALL.vocab), max_batch=1, temperature=0.7)
+    again = check.rl_step(policy, reference, done, check.TrainerLayout(micro_batch=2))
+    largest, equal = _recomputed(again.logp_train, again.logp_rollout, again.mask)
+    assert native["sweep"][0]["max_abs_logp_diff"] == largest
+    assert native["sweep"][0]["logp_equal_percent"] == pytest.approx(100 * equal, abs=1e-9)
+    assert "native, by rollout batch cap and trainer micro-batch" in text
+
+
+def test_a_mismatch_on_a_canonical_backend_exits_1(capsys, monkeypatch):
+    original = check.rl_step
+
+    def one_ulp_off(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.logp_train.view(torch.int32)[0, 0] += 1
+        return result
+    monkeypatch.setattr(check, "rl_step", one_ulp_off)
+    monkeypatch.setattr(check, "ModelConfig", lambda: SMALL)
+    assert cli.main(["rl-check"]) == 1
+    equal, tokens = re.search(r"log-prob\s+\|\s+[0-9.e-]+\s+\|\s+(\d+)/(\d+)", capsys.readouterr().out).groups()
+    assert int(equal) == int(tokens) - 1
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--seed", "-1"], ["--seed must be in [0, 2**31)", "-1"]),
+    (["--json", "/nonexistent-folder/rl.json"], ["--json", "no folder"]),
+])
+def test_bad_input_exits_2(argv, words, capsys):
+    assert cli.main(["rl-check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bitparity rl-check: ") and all(w in err for w in words), err
