@@ -63,7 +63,7 @@ public:
         for (uint32_t row = share.begin; row < share.end; ++row) {
             uint64_t rowStart = static_cast<uint64_t>(row) * cols;
             float ms = SumOfSquares(rowStart) * inverseCols;
-            float r = Rsqrt(ms + eps);
+            float r = ScalarRsqrt(ms + eps);
             for (uint32_t g = 0; g < geo.segments; ++g) {
                 for (uint32_t c = 0; c < geo.DataChunks(g); ++c) {
                     uint64_t start = geo.ChunkStart(g, c);
@@ -154,7 +154,7 @@ private:
     }
 
     // 1/sqrt(y) (spec 15.2) for y > 0, on a 64-lane vector.
-    __aicore__ inline float Rsqrt(float y)
+    __aicore__ inline float ScalarRsqrt(float y)
     {
         LocalTensor<float> in = scalarInBuf.Get<float>();
         AscendC::Duplicate(in, y, FLOATS_PER_REPEAT);
