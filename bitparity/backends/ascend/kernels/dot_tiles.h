@@ -35,9 +35,9 @@ namespace bitparity {
 
 class DotTiles {
 public:
-    // maxK: the longest dot; tileFloats: the accumulator's size, a power of two >= 8 * LANES / 8.
-    // The block width B (Columns()) is tileFloats / W rounded down to 8, W the tree width of maxK,
-    // and at most maxColumns rounded up to 8.
+    // maxK: the longest dot; tileFloats: the accumulator's target size in floats.  The block width B
+    // (Columns()) is tileFloats / W rounded down to a multiple of 8 but at least 8 (W the tree width of
+    // maxK, LANES when maxK > LANES), and at most maxColumns rounded up to 8.
     __aicore__ inline void Init(AscendC::TPipe* pipe, uint32_t maxK, uint32_t maxColumns, uint32_t tileFloats)
     {
         RowGeometry geo = MakeRowGeometry(maxK);
