@@ -215,7 +215,9 @@ def _kernel_texts():
 
 def test_kernels_use_only_the_allowed_api():
     assert {p.name for p in KERNEL_FILES} >= {"canonical.h", "tiling.h", "reduce.cpp", "softmax.cpp",
-                                              "elementwise.cpp", "masked.cpp", "kl.cpp", "gae.cpp", "ppo.cpp"}
+                                              "elementwise.cpp", "masked.cpp", "kl.cpp", "gae.cpp", "ppo.cpp",
+                                              "linear.cpp", "rms_norm.cpp", "rotary.cpp", "attention.cpp",
+                                              "silu_mul.cpp"}
     violations = api_violations(_kernel_texts(), allowed_api())
     assert not violations, f"Ascend C API outside the allowed subset: {violations}"
 
@@ -341,6 +343,10 @@ def test_op_list_check_catches_a_missing_or_crossed_binding():
     assert any(p.startswith("log: the binding launches ['bitparity_exp']") for p in op_list_problems(crossed))
 
 
+# The model building blocks of the backend contract (spec 24; moe is composed of them in ops.py).
+MODEL_OPS = ("linear", "rms_norm", "rotary", "attention", "silu_mul")
+
+
 def test_every_contract_op_has_an_npu_path():
     """Each op of the backend contract reaches npu_ops.op() in ascend/__init__.py, directly or through the
     module's own helpers (ppo_policy_loss: ppo_token_losses, then masked_mean and sum, as in the emulation)."""
@@ -355,7 +361,8 @@ def test_every_contract_op_has_an_npu_path():
         called = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         return any(reaches_npu(c, seen | {name}) for c in called if c in functions and c not in seen)
 
-    contract = [op for op in OPS if hasattr(numpy_backend, op)]    # beam_search_step is composed in ops.py
+    contract = [op for op in (*OPS, *MODEL_OPS) if hasattr(numpy_backend, op)]   # beam_search_step, moe: ops.py
+    assert set(MODEL_OPS) <= set(contract)
     missing = [op for op in contract if op not in functions or not reaches_npu(op, frozenset())]
     assert not missing, f"contract ops with no NPU path in the ascend backend: {missing}"
 

@@ -530,3 +530,57 @@ def test_topk_beyond_one_output_block():
         got_v, got_i = host_emulation.topk(x, k)
         assert torch.equal(got_i, torch.from_numpy(want_i)), k
         assert torch.equal(_bits(got_v), _bits(torch.from_numpy(want_v))), k
+
+
+def _model_case(seed):
+    g = torch.Generator().manual_seed(seed)
+    return lambda *shape: torch.randn(*shape, generator=g)
+
+
+def _model_runs(blocks, rnd_seed):
+    rnd = _model_case(rnd_seed)
+    x, w, b, w_long = rnd(9, 64), rnd(130, 64), rnd(130), rnd(3, 16484)
+    x_long = rnd(2, 16484)
+    q, k, v = rnd(3, 5, 16), rnd(3, 7, 16), rnd(3, 7, 16)
+    lengths = torch.tensor([7, 5, 6])
+    angles = rnd(9, 35)
+    return [
+        host_emulation.linear(x, w, b, blocks=blocks),
+        host_emulation.linear(x_long, w_long, None, blocks=blocks),
+        host_emulation.rms_norm(rnd(9, 70), rnd(70), 1e-6, blocks=blocks),
+        host_emulation.rotary(rnd(9, 70), angles.cos(), angles.sin(), blocks=blocks),
+        host_emulation.attention(q, k, v, lengths, True, 0.25, blocks=blocks),
+        host_emulation.silu_mul(rnd(2100) * 8, rnd(2100), blocks=blocks),
+    ]
+
+
+def test_model_kernels_core_count_changes_no_bit():
+    """linear spreads column blocks, attention queries, the others rows or tiles over the cores."""
+    runs = {blocks: _model_runs(blocks, rnd_seed=11) for blocks in (1, 4, 40)}
+    for blocks, results in runs.items():
+        for got, want in zip(results, runs[1]):
+            assert torch.equal(_bits(got), _bits(want)), f"{blocks} cores differ from 1"
+
+
+def test_model_kernels_beyond_one_tile():
+    """What the shared bit test's shapes do not reach: a linear whose K spans two segments (partial rows),
+    rms_norm over two segments, rotary over two column tiles of the half, attention at its key and head-dim
+    limits; and the limits themselves refused."""
+    rnd = _model_case(12)
+    x, w = rnd(2, 16484), rnd(3, 16484)
+    assert torch.equal(_bits(host_emulation.linear(x, w, None)),
+                       _bits(torch.from_numpy(canonical.linear(x.numpy(), w.numpy(), None))))
+    x, weight = rnd(2, 16385) * 3, rnd(16385)
+    assert torch.equal(_bits(host_emulation.rms_norm(x, weight, 1e-6)),
+                       _bits(torch.from_numpy(canonical.rms_norm(x.numpy(), weight.numpy(), np.float32(1e-6)))))
+    x, angles = rnd(3, 4200), rnd(3, 2100) * 50
+    cos, sin = angles.cos(), angles.sin()
+    assert torch.equal(_bits(host_emulation.rotary(x, cos, sin)),
+                       _bits(torch.from_numpy(canonical.rotary(x.numpy(), cos.numpy(), sin.numpy()))))
+    keys, dim = host_emulation.ATTENTION_MAX_KEYS, host_emulation.ATTENTION_MAX_DIM
+    q, k, v = rnd(1, 3, dim), rnd(1, keys, dim), rnd(1, keys, dim)
+    lengths = torch.tensor([keys - 1])
+    want = canonical.attention(q.numpy(), k.numpy(), v.numpy(), lengths.numpy(), True, 0.0625)
+    assert torch.equal(_bits(host_emulation.attention(q, k, v, lengths, True, 0.0625)), _bits(torch.from_numpy(want)))
+    with pytest.raises(ValueError, match="at most 1024 keys"):
+        host_emulation.attention(q, rnd(1, keys + 1, dim), rnd(1, keys + 1, dim), lengths, True, 0.0625)

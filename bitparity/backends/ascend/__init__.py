@@ -186,3 +186,33 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     if _on_npu():
         return npu_ops.op("sample")(x, scale, top_k, top_p, min_p, greedy, seeds, positions)
     return host_emulation.sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions)
+
+
+def linear(x, weight, bias):
+    if _on_npu():
+        return npu_ops.op("linear")(x, weight, bias)
+    return host_emulation.linear(x, weight, bias)
+
+
+def rms_norm(x, weight, eps):
+    if _on_npu():
+        return npu_ops.op("rms_norm")(x, weight, eps)
+    return host_emulation.rms_norm(x, weight, eps)
+
+
+def rotary(x, cos, sin):
+    if _on_npu():
+        return npu_ops.op("rotary")(x, cos, sin)
+    return host_emulation.rotary(x, cos, sin)
+
+
+def attention(q, k, v, kv_lengths, causal, scale):
+    if _on_npu():
+        return npu_ops.op("attention")(q, k, v, kv_lengths, causal, scale)
+    return host_emulation.attention(q, k, v, kv_lengths, causal, scale)
+
+
+def silu_mul(gate, up):
+    if _on_npu():
+        return npu_ops.op("silu_mul")(gate, up)
+    return host_emulation.silu_mul(gate, up)

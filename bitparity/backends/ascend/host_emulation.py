@@ -42,6 +42,15 @@ MAX_ROW = 1024 * spec.SEGMENT
 # Counters per tile of kernels/sampling.cpp's philox kernel (PHILOX_TILE there).
 PHILOX_TILE = 256
 
+# kernels/row_limits.h: attention.cpp takes one chunk of keys per query and head dims its tiles fit.
+ATTENTION_MAX_KEYS = spec.LANES
+ATTENTION_MAX_DIM = 256
+
+# Output columns per block of kernels/linear.cpp: its DotTiles' accumulator (LINEAR_TILE_FLOATS = 8192)
+# over the tree width of K, at most LINEAR_MAX_COLUMNS = 1024 (how the launch is sized; no bit depends on it).
+LINEAR_TILE_FLOATS = 8192
+LINEAR_MAX_COLUMNS = 1024
+
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 _SOFTMAX = [_U32, _P, _P, _P, _U32, _U32, _U32, _F32]    # blocks, x, mask, out, rows, cols, hasMask, scale
 _SIGNATURES = {
@@ -62,6 +71,12 @@ _SIGNATURES = {
     "bp_topk": [_U32, _P, _P, _P, _U32, _U32, _U32],                     # blocks, x, values, indices, rows, cols, k
     "bp_filter_logits": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32],      # blocks, x, scale, top_k, top_p, min_p, out,
     "bp_sample": [_U32, _P, _P, _P, _P, _P, _P, _P, _P, _P, _U32, _U32],  # ... greedy, seeds, positions, tokens
+    "bp_linear": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32],         # blocks, x, weightT, bias, y, m, k, n, hasBias
+    "bp_rms_norm": [_U32, _P, _P, _P, _U32, _U32, _F32],                 # blocks, x, weight, y, rows, cols, eps
+    "bp_rotary": [_U32, _P, _P, _P, _P, _U32, _U32],                     # blocks, x, cos, sin, y, rows, cols
+    "bp_attention": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _U32, _F32],  # blocks, q, kT, v, kv_lengths,
+                                                                         # out, groups, tq, tk, d, causal, scale
+    "bp_silu_mul": [_U32, _P, _P, _P, _U32],                             # blocks, gate, up, out, n
 }
 
 _lock = threading.Lock()
@@ -244,6 +259,81 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions, blocks=None)
                              top_p.data_ptr(), min_p.data_ptr(), greedy.data_ptr(), seeds.data_ptr(),
                              positions.data_ptr(), tokens.data_ptr(), rows, cols))
     return tokens
+
+
+def _tree_width(k):
+    return min(1 << max(0, (k - 1).bit_length()), spec.LANES)
+
+
+def linear_blocks(k, n):
+    """How many column blocks kernels/linear.cpp splits n outputs into (its DotTiles' block width)."""
+    width = max(8, LINEAR_TILE_FLOATS // _tree_width(k) // 8 * 8)
+    width = min(width, -(-min(n, LINEAR_MAX_COLUMNS) // 8) * 8)
+    return -(-n // width)
+
+
+def linear(x, weight, bias, blocks=None):
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N].  The kernel reads the weight as [K, N]:
+    the transpose here is a copy (no arithmetic)."""
+    lib = library()
+    m, k = _dims(x)
+    n = weight.shape[0]
+    if k * n >= 2**32:
+        raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got a weight of {n} x {k}")
+    weight_t = weight.t().contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    check(lib, lib.bp_linear(_blocks(linear_blocks(k, n), blocks), x.data_ptr(), weight_t.data_ptr(), _ptr(bias),
+                             y.data_ptr(), m, k, n, int(bias is not None)))
+    return y
+
+
+def rms_norm(x, weight, eps, blocks=None):
+    """[R, D], weight [D] -> [R, D]."""
+    lib = library()
+    rows, cols = _dims(x)
+    y = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_rms_norm(_blocks(rows, blocks), x.data_ptr(), weight.data_ptr(), y.data_ptr(), rows, cols, eps))
+    return y
+
+
+def rotary(x, cos, sin, blocks=None):
+    """[R, D], cos and sin [R, D/2] -> [R, D].  Launched on as many cores as there are rows (the kernel
+    tiles rows and columns; a core without a tile does nothing)."""
+    lib = library()
+    rows, cols = _dims(x)
+    y = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_rotary(_blocks(rows, blocks), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
+                             rows, cols))
+    return y
+
+
+def attention(q, k, v, kv_lengths, causal, scale, blocks=None):
+    """q [G, Tq, D], k and v [G, Tk, D], kv_lengths int64 [G] -> [G, Tq, D].  The kernel reads k as
+    [G, D, Tk]: the transpose here is a copy (no arithmetic)."""
+    lib = library()
+    groups, tq, d = q.shape
+    tk = k.shape[1]
+    if tk > ATTENTION_MAX_KEYS or d > ATTENTION_MAX_DIM:
+        raise ValueError(f"the Ascend C attention kernel takes at most {ATTENTION_MAX_KEYS} keys and head "
+                         f"dimensions of at most {ATTENTION_MAX_DIM}; got Tk = {tk}, D = {d}")
+    if groups * max(tq, tk) * d >= 2**32:
+        raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {groups} x {max(tq, tk)} x {d}")
+    k_t = k.transpose(1, 2).contiguous()
+    out = torch.empty(groups, tq, d, dtype=torch.float32)
+    check(lib, lib.bp_attention(_blocks(groups * tq, blocks), q.data_ptr(), k_t.data_ptr(), v.data_ptr(),
+                                kv_lengths.contiguous().data_ptr(), out.data_ptr(), groups, tq, tk, d,
+                                int(causal), scale))
+    return out
+
+
+def silu_mul(gate, up, blocks=None):
+    """[n] twice -> [n]."""
+    lib = library()
+    n = _flat_count(gate)
+    out = torch.empty_like(gate)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_silu_mul(_blocks(tiles, blocks), gate.data_ptr(), up.data_ptr(), out.data_ptr(), n))
+    return out
 
 
 PROBE_SOURCE = HERE / "probe" / "probe.cpp"

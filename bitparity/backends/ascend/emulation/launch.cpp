@@ -35,6 +35,13 @@ void bitparity_filter_logits(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR top
                              uint32_t rows, uint32_t cols);
 void bitparity_sample(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR topP, GM_ADDR minP, GM_ADDR greedy,
                       GM_ADDR seeds, GM_ADDR positions, GM_ADDR tokens, uint32_t rows, uint32_t cols);
+void bitparity_linear(GM_ADDR x, GM_ADDR weightT, GM_ADDR bias, GM_ADDR y, uint32_t m, uint32_t k, uint32_t n,
+                      uint32_t hasBias);
+void bitparity_rms_norm(GM_ADDR x, GM_ADDR weight, GM_ADDR y, uint32_t rows, uint32_t cols, float eps);
+void bitparity_rotary(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR y, uint32_t rows, uint32_t cols);
+void bitparity_attention(GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLengths, GM_ADDR out, uint32_t groups,
+                         uint32_t tq, uint32_t tk, uint32_t d, uint32_t causal, float scale);
+void bitparity_silu_mul(GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t n);
 
 int bp_sum(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
@@ -140,6 +147,35 @@ int bp_sample(uint32_t blocks, GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR t
     return bp_emulation::Launch(blocks, [&] {
         bitparity_sample(x, scale, topK, topP, minP, greedy, seeds, positions, tokens, rows, cols);
     });
+}
+
+int bp_linear(uint32_t blocks, GM_ADDR x, GM_ADDR weightT, GM_ADDR bias, GM_ADDR y, uint32_t m, uint32_t k,
+              uint32_t n, uint32_t hasBias)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_linear(x, weightT, bias, y, m, k, n, hasBias); });
+}
+
+int bp_rms_norm(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR y, uint32_t rows, uint32_t cols, float eps)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_rms_norm(x, weight, y, rows, cols, eps); });
+}
+
+int bp_rotary(uint32_t blocks, GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR y, uint32_t rows, uint32_t cols)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_rotary(x, cos, sin, y, rows, cols); });
+}
+
+int bp_attention(uint32_t blocks, GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLengths, GM_ADDR out, uint32_t groups,
+                 uint32_t tq, uint32_t tk, uint32_t d, uint32_t causal, float scale)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_attention(q, kT, v, kvLengths, out, groups, tq, tk, d, causal, scale);
+    });
+}
+
+int bp_silu_mul(uint32_t blocks, GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t n)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_silu_mul(gate, up, out, n); });
 }
 
 }  // extern "C"

@@ -162,6 +162,19 @@ __aicore__ inline float TreeSum(const LocalTensor<float>& acc, uint32_t width)
     return lane[0];
 }
 
+// The halving tree (spec 3) over many sums at once: lane j of each sum is row j of
+// acc, a [width][rowLen] tile (row j at acc[j * rowLen]), so lane j of sum i is
+// acc[j * rowLen + i].  Level h is one Add of rows [0, h) with rows [h, 2h):
+// acc[i] += acc[i + h] for every sum, in the spec's order; row 0 is the result.
+// width a power of two; rowLen a multiple of 8 (rows start 32-byte aligned).
+// All on the vector unit, since each level is whole rows.  Destroys acc.
+__aicore__ inline void TreeSumRows(const LocalTensor<float>& acc, uint32_t width, uint32_t rowLen)
+{
+    for (uint32_t h = width / 2; h >= 1; h /= 2) {
+        AscendC::Add(acc, acc, acc[h * rowLen], h * rowLen);
+    }
+}
+
 // The NaN-propagating maximum of acc[0 .. width) plus +0.0 (spec 4: a zero
 // maximum is +0.0).  The maximum is order-free, so the tree's shape is
 // free: vector NanMax halving down to 64 lanes (the smallest Compare), then

@@ -1,4 +1,4 @@
-// The row limit that the kernels are sized for and that the launching host code checks, and the
+// The row limit (and attention's key and head-dim limits) that the kernels are sized for and that the launching host code checks, and the
 // philox kernel's tile, by which the host sizes that kernel's launch.
 //
 // Plain C++ with no Ascend C in it: the CANN 8.x build compiles the torch_npu
@@ -14,6 +14,8 @@ namespace bitparity {
 
 constexpr uint32_t MAX_SEGMENTS = 1024;                 // per-segment partials fit in one 4 KB tile
 constexpr uint32_t MAX_ROW = MAX_SEGMENTS * SEGMENT;    // 2^24 floats, which keeps float32 counts exact
+constexpr uint32_t ATTENTION_MAX_KEYS = LANES;             // attention.cpp: one chunk of keys per query
+constexpr uint32_t ATTENTION_MAX_DIM = 256;                 // attention.cpp: the score dots' tiles fit in UB
 constexpr uint32_t PHILOX_TILE = 256;                   // counters per tile of the philox kernel: 4 KB of counter words
 
 }  // namespace bitparity

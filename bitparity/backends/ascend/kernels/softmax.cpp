@@ -36,17 +36,11 @@
 #include "kernel_operator.h"
 #include "canonical.h"
 #include "tiling.h"
+#include "softmax_stats.h"
 
 namespace bitparity {
 
 enum class SoftmaxOp { LOGSUMEXP, LOG_SOFTMAX, SOFTMAX, ENTROPY, TOKEN_LOGPROBS };
-
-struct SoftmaxStats {
-    float shift;
-    float total;
-    float logTotal;
-    float recip;
-};
 
 template <SoftmaxOp OP>
 class KernelSoftmax {
@@ -157,13 +151,12 @@ private:
         LocalTensor<float> segMax = segMaxBuf.Get<float>();
         LocalTensor<float> segCount = segCountBuf.Get<float>();
         LocalTensor<float> segRest = segRestBuf.Get<float>();
-        LocalTensor<float> acc = accBuf.Get<float>();
-        LocalTensor<float> acc2 = acc2Buf.Get<float>();
-        LocalTensor<float> e = eBuf.Get<float>();
-        LocalTensor<float> term = termBuf.Get<float>();
         LocalTensor<float> segment = segmentBuf.Get<float>();
-        LocalTensor<float> work = workBuf.Get<float>();
-        LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
+        const SoftmaxScratch scratch{accBuf.Get<float>(), acc2Buf.Get<float>(), eBuf.Get<float>(),
+                                     termBuf.Get<float>(), workBuf.Get<float>(), bitsBuf.Get<uint8_t>()};
+        const LocalTensor<float>& acc = scratch.acc;
+        const LocalTensor<float>& e = scratch.e;
+        const LocalTensor<uint8_t>& bits = scratch.bits;
         const uint32_t lanes = geo.lanes;
         const uint32_t partialLanes = geo.PartialLanes();
 
@@ -187,62 +180,15 @@ private:
             float segShift = m == NegInf() ? 0.0f : m;
             ScalarToVectorSync();
             // Pass 2: exponentials, split into exact ones (counted) and the rest (summed).
-            AscendC::Duplicate(acc, NegZero(), lanes);
-            AscendC::Duplicate(acc2, NegZero(), lanes);
-            for (uint32_t c = 0; c < dataChunks; ++c) {
-                LocalTensor<float> w = segment[c * LANES];
-                AscendC::Adds(w, w, -segShift, lanes);        // w + (-shift) == w - shift in IEEE
-                CanonicalExp(e, w, work, bits, lanes);
-                // e == 1 exactly where the spec's "one" holds, so e itself is the 1.0 it counts.
-                AscendC::Compares(bits, e, 1.0f, AscendC::CMPMODE::EQ, lanes);
-                AscendC::Select(term, bits, e, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
-                AscendC::Add(acc, acc, term, lanes);
-                AscendC::Compares(bits, e, 1.0f, AscendC::CMPMODE::NE, lanes);
-                AscendC::Select(term, bits, e, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
-                AscendC::Compares(bits, e, 0.0f, AscendC::CMPMODE::NE, lanes);
-                AscendC::Select(term, bits, term, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
-                AscendC::Add(acc2, acc2, term, lanes);
-            }
-            float count = TreeSum(acc, geo.treeWidth);
-            float rest = TreeSum(acc2, geo.treeWidth);
+            SplitSums sums = SegmentSplitSums(segment, dataChunks, lanes, geo.treeWidth, segShift, scratch);
             segMax.SetValue(g, m);
-            segCount.SetValue(g, count);
-            segRest.SetValue(g, rest);
+            segCount.SetValue(g, sums.count);
+            segRest.SetValue(g, sums.rest);
             rowMax = ScalarNanMax(rowMax, m);
             ScalarToVectorSync();
         }
-        rowMax = rowMax + 0.0f;
-        SoftmaxStats s;
-        s.shift = rowMax == NegInf() ? 0.0f : rowMax;
-
-        // Combine the segments: c_g = exp(m_g - shift), top_g = (c_g == 1).
-        AscendC::Adds(acc, segMax, -s.shift, partialLanes);
-        CanonicalExp(e, acc, work, bits, partialLanes);
-        AscendC::Compares(bits, e, 1.0f, AscendC::CMPMODE::EQ, partialLanes);
-        AscendC::Add(acc2, segCount, segRest, partialLanes);
-        AscendC::Mul(acc2, e, acc2, partialLanes);
-        AscendC::Select(acc2, bits, segRest, acc2, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, partialLanes);
-        AscendC::Select(acc, bits, segCount, NegZero(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, partialLanes);
-        LocalTensor<float> laneIndex = laneIndexBuf.Get<float>();
-        SelectValidLanes(acc, acc, laneIndex, bits, geo.segments, partialLanes, NegZero());
-        SelectValidLanes(acc2, acc2, laneIndex, bits, geo.segments, partialLanes, NegZero());
-        float count = TreeSum(acc, NextPow2(geo.segments));
-        float rest = TreeSum(acc2, NextPow2(geo.segments));
-        float err;
-        TwoSum(count, rest, s.total, err);
-
-        // log(total) and 1/total on one 64-lane vector (lane 0 is the row's).
-        acc.SetValue(0, s.total);
-        ScalarToVectorSync();
-        CanonicalLog(e, acc, work, bits, FLOATS_PER_REPEAT);
-        CanonicalReciprocal(acc2, acc, work, FLOATS_PER_REPEAT);
-        VectorToScalarSync();
-        float logTotal = e.GetValue(0);
-        s.recip = s.total == 0.0f ? 0.0f : acc2.GetValue(0);
-        float correction = err * s.recip;
-        s.logTotal = logTotal + correction;
-        ScalarToVectorSync();
-        return s;
+        return CombineSegments(segMax, segCount, segRest, geo.segments, rowMax + 0.0f, laneIndexBuf.Get<float>(),
+                               scratch);
     }
 
     // ---- The ops' own passes ------------------------------------------------------

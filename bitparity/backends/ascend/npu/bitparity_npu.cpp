@@ -337,6 +337,105 @@ at::Tensor SampleOp(const at::Tensor& x, const at::Tensor& scale, const at::Tens
     return tokens;
 }
 
+// A contiguous float32 tensor of the given sizes on x's device.
+void CheckShaped(const at::Tensor& t, const at::Tensor& x, at::IntArrayRef sizes, const char* name)
+{
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.sizes() == sizes && t.is_contiguous() && t.device() == x.device(),
+                "bitparity (ascend): ", name, " must be a contiguous float32 tensor of sizes ", sizes,
+                " on x's device");
+}
+
+// Output-column blocks of kernels/linear.cpp (its DotTiles' width: 8192 floats over the tree width of K,
+// a multiple of 8 in [8, 1024]); the launch's size only, never a bit.
+int64_t LinearBlocks(int64_t k, int64_t n)
+{
+    int64_t tree = 1;
+    while (tree < k && tree < int64_t(bitparity::LANES)) {
+        tree *= 2;
+    }
+    const int64_t width = std::min(std::max<int64_t>(8, 8192 / tree / 8 * 8), (std::min<int64_t>(n, 1024) + 7) / 8 * 8);
+    return (n + width - 1) / width;
+}
+
+// The kernel reads the weight as [K, N]: the transpose is a copy on the NPU (no arithmetic).
+at::Tensor LinearOp(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t m = x.size(0), k = x.size(1);
+    TORCH_CHECK(weight.dim() == 2, "bitparity (ascend): weight must be [N, K]");
+    const int64_t n = weight.size(0);
+    CheckShaped(weight, x, {n, k}, "weight");
+    TORCH_CHECK(n * k < (int64_t(1) << 32), "bitparity (ascend): a weight of fewer than 2**32 elements");
+    if (bias.has_value()) {
+        CheckShaped(*bias, x, {n}, "bias");
+    }
+    at::Tensor weightT = weight.t().contiguous();
+    at::Tensor out = at::empty({m, n}, x.options());
+    BITPARITY_LAUNCH(bitparity_linear, Blocks(LinearBlocks(k, n)), Gm(x), Gm(weightT),
+                     bias.has_value() ? Gm(*bias) : nullptr, Gm(out), m, k, n, bias.has_value());
+    return out;
+}
+
+at::Tensor RmsNormOp(const at::Tensor& x, const at::Tensor& weight, double eps)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    CheckShaped(weight, x, {cols}, "weight");
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_rms_norm, Blocks(rows), Gm(x), Gm(weight), Gm(out), rows, cols, Float32(eps));
+    return out;
+}
+
+at::Tensor RotaryOp(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    TORCH_CHECK(cols % 2 == 0, "bitparity (ascend): rotary needs an even row length");
+    CheckShaped(cos, x, {rows, cols / 2}, "cos");
+    CheckShaped(sin, x, {rows, cols / 2}, "sin");
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_rotary, Blocks(rows), Gm(x), Gm(cos), Gm(sin), Gm(out), rows, cols);
+    return out;
+}
+
+// The kernel reads k as [G, D, Tk]: the transpose is a copy on the NPU (no arithmetic).
+at::Tensor AttentionOp(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kvLengths,
+                       bool causal, double scale)
+{
+    const c10::DeviceGuard guard(q.device());
+    CheckX(q, 3);
+    const int64_t groups = q.size(0), tq = q.size(1), d = q.size(2);
+    TORCH_CHECK(k.dim() == 3, "bitparity (ascend): k must be [G, Tk, D]");
+    const int64_t tk = k.size(1);
+    CheckShaped(k, q, {groups, tk, d}, "k");
+    CheckShaped(v, q, {groups, tk, d}, "v");
+    TORCH_CHECK(tk <= int64_t(bitparity::ATTENTION_MAX_KEYS) && d <= int64_t(bitparity::ATTENTION_MAX_DIM),
+                "bitparity (ascend): attention takes at most ", bitparity::ATTENTION_MAX_KEYS, " keys and head "
+                "dimensions of at most ", bitparity::ATTENTION_MAX_DIM);
+    TORCH_CHECK(!causal || tq <= tk, "bitparity (ascend): causal attention needs Tq <= Tk");
+    TORCH_CHECK(groups * std::max(tq, tk) * d < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+    CheckRowParameter(kvLengths, q, at::kLong, "kv_lengths");
+    at::Tensor kT = k.transpose(1, 2).contiguous();
+    at::Tensor out = at::empty_like(q);
+    BITPARITY_LAUNCH(bitparity_attention, Blocks(groups * tq), Gm(q), Gm(kT), Gm(v), Gm(kvLengths), Gm(out), groups,
+                     tq, tk, d, causal, Scale(scale));
+    return out;
+}
+
+at::Tensor SiluMulOp(const at::Tensor& gate, const at::Tensor& up)
+{
+    const c10::DeviceGuard guard(gate.device());
+    CheckX(gate, 1);
+    CheckLike(up, gate, "up");
+    at::Tensor out = at::empty_like(gate);
+    const int64_t n = gate.numel();
+    BITPARITY_LAUNCH(bitparity_silu_mul, Tiles(n), Gm(gate), Gm(up), Gm(out), n);
+    return out;
+}
+
 }  // namespace bitparity_npu
 
 TORCH_LIBRARY(bitparity_ascend, m)
@@ -361,6 +460,11 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("filter_logits(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor");
     m.def("sample(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p, Tensor greedy, "
           "Tensor seeds, Tensor positions) -> Tensor");
+    m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+    m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+    m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale) -> Tensor");
+    m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
@@ -382,4 +486,9 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("topk", TORCH_FN(bitparity_npu::TopkOp));
     m.impl("filter_logits", TORCH_FN(bitparity_npu::FilterLogitsOp));
     m.impl("sample", TORCH_FN(bitparity_npu::SampleOp));
+    m.impl("linear", TORCH_FN(bitparity_npu::LinearOp));
+    m.impl("rms_norm", TORCH_FN(bitparity_npu::RmsNormOp));
+    m.impl("rotary", TORCH_FN(bitparity_npu::RotaryOp));
+    m.impl("attention", TORCH_FN(bitparity_npu::AttentionOp));
+    m.impl("silu_mul", TORCH_FN(bitparity_npu::SiluMulOp));
 }
