@@ -1574,6 +1574,8 @@ ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, floa
             float aj = a[s + j];
             const float *pj = panel + (s + j) * PANEL;
             float *lj = lanes + (j & (w - 1)) * PANEL;
+            /* simd: without it gcc unrolls this short loop into scalar code before it would vectorise */
+#pragma omp simd
             for (int64_t c = 0; c < PANEL; c++)
                 lj[c] = lj[c] + aj * pj[c];
         }
