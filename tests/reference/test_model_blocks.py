@@ -1,0 +1,110 @@
+"""The model building blocks (spec 24): accuracy of the canonical order against float64, and the batch
+properties the order exists for (row and token independence, decode == prefill, moe's tie rule).
+
+Accuracy is measured in float32 ulps of a floor, the scale each result is conditioned by (spec 10).
+The properties run through ops.py on the numpy reference and the cpu backend: every canonical
+backend must have them, and test_model_ops_bit_identity.py ties the others to these two bit for bit.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bitparity import ops
+from bitparity.compare import metrics
+from bitparity.reference import canonical
+
+from .test_canonical import sum_depth
+
+F32 = np.float32
+BACKENDS = ("numpy", "cpu")
+
+
+def _randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(F32)
+
+
+def _bits(t):
+    return metrics.canonical_bits(t)
+
+
+# -- accuracy against float64 ------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 7, 64, 1100, 20000])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_within_the_sum_bound(k, with_bias):
+    # Each product rounds once (half an ulp of |x_k w_k|), then the canonical sum adds at most depth(K) ulps of
+    # sum |x_k w_k| (spec 10.1); a bias adds one more rounding of a result no larger than the floor.
+    # So the error is at most depth(K) + 0.5 (+ 0.5 with a bias) ulps of sum_k |x_k w_k| (+ |b|): analytic.
+    rng = np.random.default_rng([k, with_bias])
+    x = _randn(rng, 4, k) * np.exp(rng.uniform(-5, 5, (4, k))).astype(F32)     # mixed magnitudes and signs
+    w = _randn(rng, 8, k)
+    b = _randn(rng, 8, scale=10.0) if with_bias else None
+    got = canonical.linear(x, w, b)
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    ref, floor = xd @ wd.T, np.abs(xd) @ np.abs(wd).T
+    if with_bias:
+        ref, floor = ref + b, floor + np.abs(b)
+    bound = sum_depth(k) + 0.5 + 0.5 * with_bias
+    assert metrics.max_or_zero(metrics.ulp_error(got, ref, floor)) <= bound
+
+
+@pytest.mark.parametrize("d", [8, 64, 1100, 20000])
+def test_rms_norm_within_three_and_a_half_ulps(d):
+    # x * rsqrt(ms + eps) * w: rsqrt is within 2 ulps (spec 15.2); the mean square's relative error (the sum's
+    # depth(D) half-ulps on terms of one sign, and the reciprocal's half ulp) enters halved through the square
+    # root; the two multiplies add half an ulp each. Measured at most 2.84 ulps (D = 1100, rows at scale 3);
+    # the bound keeps the spec's half-ulp-plus headroom over that.
+    rng = np.random.default_rng(d)
+    x, w, eps = _randn(rng, 16, d, scale=3.0), _randn(rng, d), F32(1e-6)
+    xd = x.astype(np.float64)
+    ref = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + np.float64(eps)) * w
+    assert metrics.max_or_zero(metrics.ulp_error(canonical.rms_norm(x, w, eps), ref)) <= 3.5
+
+
+def test_silu_mul_within_four_ulps():
+    # exp (1 ulp), 1 + e and the reciprocal (half an ulp each), e * r for g < 0, g * sigmoid and * up (half an ulp
+    # each): 3.5 ulps to first order; measured 3.41 over 3e5 gates in [-80, 80] and N(0, 8^2).
+    rng = np.random.default_rng(5)
+    g = np.concatenate([_randn(rng, 200000, scale=8.0), rng.uniform(-80, 80, 100000).astype(F32)])
+    u = _randn(rng, g.size)
+    gd = g.astype(np.float64)
+    ref = gd / (1.0 + np.exp(-gd)) * u
+    err = metrics.ulp_error(canonical.silu_mul(g, u), ref, np.finfo(F32).tiny)   # floor: no subnormal ulps
+    assert metrics.max_or_zero(err) <= 4.0
+
+
+def test_rotary_within_one_ulp_of_its_terms():
+    # y = a - b with a = RN(x1 cos), b = RN(x2 sin): |error| <= u/2 (|a| + |b|) + u/2 |a - b| <= u (|a| + |b|), which
+    # is at most one ulp of the floor |x1 cos| + |x2 sin| (an ulp of F is > u F): analytic, cancellation included.
+    rng = np.random.default_rng(6)
+    x = _randn(rng, 64, 128)
+    angles = rng.uniform(0, 1000, (64, 64))
+    cos, sin = np.cos(angles).astype(F32), np.sin(angles).astype(F32)
+    x1, x2 = x[:, :64].astype(np.float64), x[:, 64:].astype(np.float64)
+    c, s = cos.astype(np.float64), sin.astype(np.float64)
+    ref = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=1)
+    floor = np.concatenate([np.abs(x1 * c) + np.abs(x2 * s), np.abs(x2 * c) + np.abs(x1 * s)], axis=1)
+    assert metrics.max_or_zero(metrics.ulp_error(canonical.rotary(x, cos, sin), ref, floor)) <= 1.0
+
+
+@pytest.mark.parametrize("g,t,d", [(8, 48, 16), (4, 300, 64), (2, 1100, 8)])
+def test_attention_within_five_ulps_of_the_weighted_magnitude(g, t, d):
+    # Floor: sum_j p_j |v_j|, the scale of the output's sum. Each score has an absolute error of about
+    # (depth(D) + 0.5) u sum_d |q_d k_d| * scale, which perturbs each p_j relatively by up to twice that; the
+    # softmax adds its 2.5 ulps (spec 10) and the value sum depth(Tk) + 0.5 ulps of the floor. Measured at most
+    # 3.66 ulps on these shapes (causal, unit normal q, k, v); the bound is the measurement plus headroom.
+    rng = np.random.default_rng([g, t, d])
+    q, k, v = _randn(rng, g, t, d), _randn(rng, g, t, d), _randn(rng, g, t, d)
+    lengths = np.full(g, t)
+    scale = float(F32(1.0 / np.sqrt(d)))
+    got = canonical.attention(q, k, v, lengths, True, scale)
+    s = np.einsum("gid,gjd->gij", q.astype(np.float64), k.astype(np.float64)) * scale
+    s = np.where(canonical.attention_mask(t, t, lengths, True), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    vd = v.astype(np.float64)
+    ref, floor = np.einsum("gij,gjd->gid", p, vd), np.einsum("gij,gjd->gid", p, np.abs(vd))
+    assert metrics.max_or_zero(metrics.ulp_error(got, ref, floor)) <= 5.0
