@@ -35,9 +35,9 @@ def _bits(t):
 @pytest.mark.parametrize("k", [1, 7, 64, 1100, 20000])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_within_the_sum_bound(k, with_bias):
-    # Each product rounds once (half an ulp of |x_k w_k|), then the canonical sum adds at most depth(K) ulps of
-    # sum |x_k w_k| (spec 10.1); a bias adds one more rounding of a result no larger than the floor.
-    # So the error is at most depth(K) + 0.5 (+ 0.5 with a bias) ulps of sum_k |x_k w_k| (+ |b|): analytic.
+    # Each product rounds once (within u |x_k w_k|, u = 2^-24: together u F, under one ulp of the floor
+    # F = sum_k |x_k w_k| (+ |b|)), the canonical sum adds at most depth(K) ulps of F (spec 10.1), and a bias
+    # one more rounding of a result no larger than F: at most depth(K) + 1 (+ 1 with a bias) ulps of F, analytic.
     rng = np.random.default_rng([k, with_bias])
     x = _randn(rng, 4, k) * np.exp(rng.uniform(-5, 5, (4, k))).astype(F32)     # mixed magnitudes and signs
     w = _randn(rng, 8, k)
@@ -47,7 +47,7 @@ def test_linear_within_the_sum_bound(k, with_bias):
     ref, floor = xd @ wd.T, np.abs(xd) @ np.abs(wd).T
     if with_bias:
         ref, floor = ref + b, floor + np.abs(b)
-    bound = sum_depth(k) + 0.5 + 0.5 * with_bias
+    bound = sum_depth(k) + 1 + with_bias
     assert metrics.max_or_zero(metrics.ulp_error(got, ref, floor)) <= bound
 
 
@@ -76,9 +76,10 @@ def test_silu_mul_within_four_ulps():
     assert metrics.max_or_zero(err) <= 4.0
 
 
-def test_rotary_within_one_ulp_of_its_terms():
-    # y = a - b with a = RN(x1 cos), b = RN(x2 sin): |error| <= u/2 (|a| + |b|) + u/2 |a - b| <= u (|a| + |b|), which
-    # is at most one ulp of the floor |x1 cos| + |x2 sin| (an ulp of F is > u F): analytic, cancellation included.
+def test_rotary_within_two_ulps_of_its_terms():
+    # y = a - b with a = RN(x1 cos), b = RN(x2 sin), each rounding within u |value| (u = 2^-24): |error| <=
+    # u (|a| + |b|) + u |a - b| <= 2 u F, F = |x1 cos| + |x2 sin|, and an ulp of F is more than u F, so at most
+    # 2 ulps of F: analytic, cancellation included. Measured 1.22.
     rng = np.random.default_rng(6)
     x = _randn(rng, 64, 128)
     angles = rng.uniform(0, 1000, (64, 64))
@@ -87,7 +88,7 @@ def test_rotary_within_one_ulp_of_its_terms():
     c, s = cos.astype(np.float64), sin.astype(np.float64)
     ref = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=1)
     floor = np.concatenate([np.abs(x1 * c) + np.abs(x2 * s), np.abs(x2 * c) + np.abs(x1 * s)], axis=1)
-    assert metrics.max_or_zero(metrics.ulp_error(canonical.rotary(x, cos, sin), ref, floor)) <= 1.0
+    assert metrics.max_or_zero(metrics.ulp_error(canonical.rotary(x, cos, sin), ref, floor)) <= 2.0
 
 
 @pytest.mark.parametrize("g,t,d", [(8, 48, 16), (4, 300, 64), (2, 1100, 8)])
