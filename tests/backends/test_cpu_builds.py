@@ -276,6 +276,54 @@ def test_build_gives_canonical_selection_and_samples(level, op):
     assert_sampling_calls_match(op, getattr(cpu.build(level), op))
 
 
+MODEL_OPS = ("linear", "rms_norm", "rotary", "attention", "silu_mul")
+
+
+@functools.cache
+def model_calls():
+    """op -> [(label, contract arguments)] for the model building blocks, at sizes past one lane block and one
+    segment (K, D, Tk = 1100 and 49153 or 16390), with panels of outputs that end part-way (N = 33, D = 20)."""
+    rng = np.random.default_rng(13)
+
+    def randn(*shape):
+        return torch.from_numpy(rng.standard_normal(shape).astype(F32))
+
+    out = {op: [] for op in MODEL_OPS}
+    for m, k, n in ((5, 1100, 33), (3, 49153, 4), (1, 64, 40)):
+        x, w = randn(m, k), randn(n, k)
+        x[0, :7] = torch.tensor([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e38])
+        out["linear"] += [(f"[{m}, {k}] x [{n}, {k}] bias={b}", (x, w, randn(n) if b else None)) for b in (False, True)]
+    for rows, d in ((6, 1100), (2, 49153)):
+        out["rms_norm"].append((f"[{rows}, {d}]", (randn(rows, d), randn(d), f32(1e-6))))
+        h = d // 2
+        out["rotary"].append((f"[{rows}, {2 * h}]", (randn(rows, 2 * h), randn(rows, h), randn(rows, h))))
+    for g, tq, tk, d, causal in ((2, 3, 1100, 20, True), (2, 4, 1100, 20, False), (1, 2, 16390, 4, True)):
+        q, k, v = randn(g, tq, d), randn(g, tk, d), randn(g, tk, d)
+        lengths = torch.tensor([tk, tk - 5][:g])
+        out["attention"].append((f"G={g} Tq={tq} Tk={tk} D={d} causal={causal}",
+                                 (q, k, v, lengths, causal, f32(1.0 / np.sqrt(d)))))
+    gate = torch.cat([randn(100000) * 8, torch.tensor([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 88.0, -200.0])])
+    out["silu_mul"].append(("n=100008", (gate, randn(gate.numel()))))
+    return out
+
+
+@functools.cache
+def model_want(op, i):
+    return canonical_bits(getattr(reference, op)(*model_calls()[op][i][1]))
+
+
+def assert_model_calls_match(op, fn):
+    failures = [label for i, (label, args) in enumerate(model_calls()[op])
+                if not torch.equal(canonical_bits(fn(*args)), model_want(op, i))]
+    assert not failures, f"{op}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("op", MODEL_OPS)
+@pytest.mark.parametrize("level", LEVELS, ids=lambda level: cpu.ISA_BUILDS[level][0])
+def test_build_gives_canonical_model_ops(level, op):
+    assert_model_calls_match(op, getattr(cpu.build(level), op))
+
+
 @pytest.fixture
 def restore_threads():
     threads = torch.get_num_threads()
@@ -296,3 +344,10 @@ def test_thread_count_changes_no_selection_or_sample(op, restore_threads):
     for threads in (1, 2, 3):
         torch.set_num_threads(threads)
         assert_sampling_calls_match(op, getattr(cpu.build(), op))
+
+
+@pytest.mark.parametrize("op", MODEL_OPS)
+def test_thread_count_changes_no_model_op_bit(op, restore_threads):
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        assert_model_calls_match(op, getattr(cpu.build(), op))

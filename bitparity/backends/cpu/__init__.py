@@ -100,6 +100,16 @@ _SIGNATURES = {
     "bp_filter_logits": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _INT], _INT),
     # x, rows, n, scale, top_k, top_p, min_p, greedy, seeds, positions, out, threads
     "bp_sample": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT], _INT),
+    # x, weight, bias, M, K, N, out, threads
+    "bp_linear": ([_P, _P, _P, _I64, _I64, _I64, _P, _INT], _INT),
+    # x, weight, rows, D, eps, out, threads
+    "bp_rms_norm": ([_P, _P, _I64, _I64, _F32, _P, _INT], _INT),
+    # x, cos, sin, rows, D, out, threads
+    "bp_rotary": ([_P, _P, _P, _I64, _I64, _P, _INT], None),
+    # q, k, v, kv_lengths, G, Tq, Tk, D, causal, scale, out, threads
+    "bp_attention": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT, _F32, _P, _INT], _INT),
+    # gate, up, n, out, threads
+    "bp_silu_mul": ([_P, _P, _I64, _P, _INT], None),
 }
 
 # The C enums kl_kind and ppo_agg.
@@ -250,6 +260,39 @@ class Build:
                                    out.data_ptr(), torch.get_num_threads()))
         return out
 
+    def linear(self, x, weight, bias):
+        (m, k), n = x.shape, weight.shape[0]
+        out = torch.empty((m, n), dtype=torch.float32)
+        _check(self._lib.bp_linear(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                                   m, k, n, out.data_ptr(), torch.get_num_threads()))
+        return out
+
+    def rms_norm(self, x, weight, eps):
+        out = torch.empty_like(x)
+        rows, d = x.shape
+        _check(self._lib.bp_rms_norm(x.data_ptr(), weight.data_ptr(), rows, d, eps, out.data_ptr(),
+                                     torch.get_num_threads()))
+        return out
+
+    def rotary(self, x, cos, sin):
+        out = torch.empty_like(x)
+        rows, d = x.shape
+        self._lib.bp_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, d, out.data_ptr(),
+                            torch.get_num_threads())
+        return out
+
+    def attention(self, q, k, v, kv_lengths, causal, scale):
+        out = torch.empty_like(q)
+        groups, tq, d = q.shape
+        _check(self._lib.bp_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_lengths.data_ptr(), groups, tq,
+                                      k.shape[1], d, causal, scale, out.data_ptr(), torch.get_num_threads()))
+        return out
+
+    def silu_mul(self, gate, up):
+        out = torch.empty_like(gate)
+        self._lib.bp_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), torch.get_num_threads())
+        return out
+
 
 _lock = threading.Lock()
 _builds = {}
@@ -342,3 +385,23 @@ def filter_logits(x, scale, top_k, top_p, min_p):
 
 def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
     return build().sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions)
+
+
+def linear(x, weight, bias):
+    return build().linear(x, weight, bias)
+
+
+def rms_norm(x, weight, eps):
+    return build().rms_norm(x, weight, eps)
+
+
+def rotary(x, cos, sin):
+    return build().rotary(x, cos, sin)
+
+
+def attention(q, k, v, kv_lengths, causal, scale):
+    return build().attention(q, k, v, kv_lengths, causal, scale)
+
+
+def silu_mul(gate, up):
+    return build().silu_mul(gate, up)

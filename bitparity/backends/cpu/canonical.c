@@ -172,12 +172,20 @@ static int64_t lane_width(int64_t n)
     return n < BP_LANES ? next_pow2(n) : BP_LANES;
 }
 
-/* acc[0:w] -> acc[0]: acc[i] += acc[i + h] for h = w/2, w/4, ..., 1 (w a power of two). */
-static float halving_tree(float *acc, int64_t w)
+/* acc[0:w][0:cols] -> acc[0][0:cols]: acc[i] += acc[i + h] for h = w/2, w/4, ..., 1 (w a power of
+ * two), where each of the w lanes is a block of cols floats, one per independent sum.  Block i and
+ * block i + h are contiguous halves, so each level is one flat element-wise add. */
+ALWAYS_INLINE void halving_tree_cols(float *acc, int64_t w, int64_t cols)
 {
     for (int64_t h = w / 2; h >= 1; h /= 2)
-        for (int64_t i = 0; i < h; i++)
-            acc[i] = acc[i] + acc[i + h];
+        for (int64_t i = 0; i < h * cols; i++)
+            acc[i] = acc[i] + acc[i + h * cols];
+}
+
+/* acc[0:w] -> acc[0]: the halving tree of one sum. */
+static float halving_tree(float *acc, int64_t w)
+{
+    halving_tree_cols(acc, w, 1);
     return acc[0];
 }
 
@@ -187,6 +195,7 @@ enum term {
     TERM_MASKED_X,      /* sum op, masked means: mask ? x : -0.0 */
     TERM_ENTROPY,       /* entropy: e == 0 ? -0.0 : (e * recip) * (log_total - d), d = w - shift, e = exp(d) */
     TERM_SQ_DEV,        /* whitening: mask ? (x - mean) * (x - mean) : -0.0 */
+    TERM_SQUARE,        /* rms_norm: x * x */
 };
 
 struct term_args {
@@ -205,6 +214,8 @@ ALWAYS_INLINE float term_value(enum term kind, const float *x, const uint8_t *ma
 {
     if (kind == TERM_MASKED_X)
         return mask && !mask[i] ? NEG_ZERO : x[i];
+    if (kind == TERM_SQUARE)
+        return x[i] * x[i];
     if (kind == TERM_SQ_DEV) {
         float d = x[i] - a->mean;
         return mask && !mask[i] ? NEG_ZERO : d * d;
@@ -235,14 +246,21 @@ ALWAYS_INLINE float segment_sum(enum term kind, const float *x, const uint8_t *m
     return halving_tree(lanes, w);
 }
 
-/* Partials [0:g] -> their sum: the halving tree padded to a power of two with -0.0.
- * partials: scratch of next_pow2(g) floats. */
-static float combine_partials(float *partials, int64_t g)
+/* Partials [0:g][0:cols] -> partials[0][0:cols], cols sums at once: the halving tree padded to a
+ * power of two with -0.0.  partials: scratch of next_pow2(g) * cols floats. */
+ALWAYS_INLINE void combine_partials_cols(float *partials, int64_t g, int64_t cols)
 {
     int64_t gp = next_pow2(g);
-    for (int64_t i = g; i < gp; i++)
+    for (int64_t i = g * cols; i < gp * cols; i++)
         partials[i] = NEG_ZERO;
-    return halving_tree(partials, gp);
+    halving_tree_cols(partials, gp, cols);
+}
+
+/* Partials [0:g] -> their sum (one row). */
+static float combine_partials(float *partials, int64_t g)
+{
+    combine_partials_cols(partials, g, 1);
+    return partials[0];
 }
 
 /* Canonical sum of one row of n terms: segment partials, then combine_partials. */
@@ -1512,3 +1530,222 @@ int bp_sample(const float *x, int64_t rows, int64_t n, const float *scale, const
     return select_rows(OP_SAMPLE, &a, rows, n, nthreads);
 }
 
+
+/* -- Model building blocks (spec 24) ---------------------------------------- */
+
+/* linear and attention are sums of products, computed PANEL sums at a time: a
+ * panel holds PANEL columns of the second factor with term j's PANEL values
+ * contiguous ([n][PANEL]), so the lane accumulation and every tree level are
+ * element-wise over the PANEL columns (one vector op, no horizontal step).
+ * Each column is its own canonical sum in row_sum's order: per segment, lanes
+ * accumulate terms j, j + W, ... from -0.0, then the halving tree; then the
+ * partial tree over segments (halving_tree_cols, combine_partials_cols). */
+#define PANEL 16
+
+/* panel[j][c] = src[(c0 + c) * col_stride + j * term_stride] for j < n, c < PANEL, and +0.0 for the
+ * columns c0 + c >= cols past the data (their sums are computed and dropped). */
+static void pack_panel(const float *src, int64_t n, int64_t cols, int64_t c0, int64_t col_stride,
+                       int64_t term_stride, float *panel)
+{
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t c = 0; c < PANEL; c++)
+            panel[j * PANEL + c] = c0 + c < cols ? src[(c0 + c) * col_stride + j * term_stride] : 0.0f;
+}
+
+/* Floats of scratch panel_dot needs for sums of up to n terms: W lanes and the segment partials. */
+static int64_t panel_scratch_size(int64_t n)
+{
+    return (lane_width(n) + next_pow2((n + BP_SEGMENT - 1) / BP_SEGMENT)) * PANEL;
+}
+
+/* out[c] = canonical sum over j < n of a[j] * panel[j][c], each product rounded once, for c < PANEL
+ * (spec 3; spec 24's dot).  scratch: panel_scratch_size(n) floats. */
+ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, float *scratch, float *out)
+{
+    int64_t w = lane_width(n);
+    float *lanes = scratch, *partials = scratch + w * PANEL;
+    int64_t g = 0;
+    for (int64_t s = 0; s < n; s += BP_SEGMENT, g++) {
+        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
+        for (int64_t i = 0; i < w * PANEL; i++)
+            lanes[i] = NEG_ZERO;
+        /* term j goes to lane j mod W, so each lane meets its terms in increasing order */
+        for (int64_t j = 0; j < len; j++) {
+            float aj = a[s + j];
+            const float *pj = panel + (s + j) * PANEL;
+            float *lj = lanes + (j & (w - 1)) * PANEL;
+            /* simd: without it gcc unrolls this short loop into scalar code before it would vectorise */
+#pragma omp simd
+            for (int64_t c = 0; c < PANEL; c++)
+                lj[c] = lj[c] + aj * pj[c];
+        }
+        halving_tree_cols(lanes, w, PANEL);
+        memcpy(partials + g * PANEL, lanes, sizeof(float) * PANEL);
+    }
+    combine_partials_cols(partials, g, PANEL);
+    memcpy(out, partials, sizeof(float) * PANEL);
+}
+
+/* linear (spec 24.1): out [m, n] = the canonical dots of x [m, k] with weight [n, k] (+ bias [n], one
+ * add; no + 0.0).  The weight is packed once into panels of PANEL outputs; (panel, row) items are split
+ * over threads, rows inner, so a thread reuses its panel from cache.
+ * Returns 0, or -1 if scratch could not be allocated. */
+int bp_linear(const float *x, const float *weight, const float *bias, int64_t m, int64_t k, int64_t n,
+              float *out, int nthreads)
+{
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    float *packed = malloc(sizeof(float) * (size_t)(panels * k * PANEL));
+    if (packed == NULL)
+        return -1;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t p = 0; p < panels; p++)
+        pack_panel(weight, k, n, p * PANEL, k, 1, packed + p * k * PANEL);
+    int64_t dot_size = panel_scratch_size(k);
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) reduction(|:failed)
+    {
+        float *scratch = malloc(sizeof(float) * (size_t)(dot_size + PANEL));
+        float *y = scratch + dot_size;
+        failed = scratch == NULL;
+        /* every thread reaches the loop: a worksharing loop needs all of them */
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < panels * m; item++) {
+            if (failed)
+                continue;
+            int64_t p = item / m, r = item % m, c0 = p * PANEL;
+            panel_dot(x + r * k, packed + p * k * PANEL, k, scratch, y);
+            float *orow = out + r * n + c0;
+            for (int64_t c = 0; c < PANEL && c0 + c < n; c++)
+                orow[c] = bias ? y[c] + bias[c0 + c] : y[c];
+        }
+        free(scratch);
+    }
+    free(packed);
+    return failed ? -1 : 0;
+}
+
+/* rms_norm (spec 24.2) of each row of x [rows, d]:
+ *   ms = canonical sum of x_i * x_i, times reciprocal(d); r = rsqrt(ms + eps); out_i = (x_i * r) * weight_i.
+ * Returns 0, or -1 if scratch could not be allocated. */
+int bp_rms_norm(const float *x, const float *weight, int64_t rows, int64_t d, float eps, float *out,
+                int nthreads)
+{
+    const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float inv_d = canonical_reciprocal((float)d);
+    int64_t gp = next_pow2((d + BP_SEGMENT - 1) / BP_SEGMENT);
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) reduction(|:failed)
+    {
+        float *lanes = malloc(sizeof(float) * (size_t)(BP_LANES + gp));
+        failed = lanes == NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (failed)
+                continue;
+            const float *xr = x + r * d;
+            float *orow = out + r * d;
+            float ms = row_sum(TERM_SQUARE, xr, NULL, d, &none, lanes, lanes + BP_LANES) * inv_d;
+            float rs = canonical_rsqrt(ms + eps);
+            for (int64_t i = 0; i < d; i++)
+                orow[i] = (xr[i] * rs) * weight[i];
+        }
+        free(lanes);
+    }
+    return failed ? -1 : 0;
+}
+
+/* rotary (spec 24.3) of each row of x [rows, d], with the row's cos_t and sin_t [rows, d/2]:
+ * out_i = x_i * cos_i - x_{i+h} * sin_i, out_{i+h} = x_{i+h} * cos_i + x_i * sin_i, h = d/2. */
+void bp_rotary(const float *x, const float *cos_t, const float *sin_t, int64_t rows, int64_t d, float *out,
+               int nthreads)
+{
+    int64_t h = d / 2;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d, *cr = cos_t + r * h, *sr = sin_t + r * h;
+        float *orow = out + r * d;
+        for (int64_t i = 0; i < h; i++) {
+            orow[i] = xr[i] * cr[i] - xr[i + h] * sr[i];
+            orow[i + h] = xr[i + h] * cr[i] + xr[i] * sr[i];
+        }
+    }
+}
+
+/* attention (spec 24.4): q [groups, tq, d], k and v [groups, tk, d] -> out [groups, tq, d].  Query i
+ * of group g sees the keys j < limit = min(kv_lengths[g], i + 1 + tk - tq when causal): a prefix, so
+ * the keys that do not count (-inf in the softmax, -0.0 in the sums, both identities) are simply not
+ * visited, and nothing read past the prefix is ever combined with a number.  Per (g, i):
+ *   s_j = dot(q_i, k_j) for j < limit            (PANEL keys per panel_dot)
+ *   softmax_stats of w = s * scale over the prefix (spec 8.2), p_j = exp(w_j - shift) * recip (spec 8.3)
+ *   out_i[c] = canonical sum over j < limit of p_j * v_j[c]   (PANEL columns per panel_dot)
+ * Each group's k is packed into key panels ([d][PANEL]) and v into column panels ([tk][PANEL]) once;
+ * (group, query) items are split over threads.  Returns 0, or -1 if scratch could not be allocated. */
+int bp_attention(const float *q, const float *k, const float *v, const int64_t *kv_lengths, int64_t groups,
+                 int64_t tq, int64_t tk, int64_t d, int causal, float scale, float *out, int nthreads)
+{
+    int64_t key_panels = (tk + PANEL - 1) / PANEL, col_panels = (d + PANEL - 1) / PANEL;
+    int64_t key_size = key_panels * d * PANEL, group_size = key_size + col_panels * tk * PANEL;
+    float *packed = malloc(sizeof(float) * (size_t)(groups * group_size));
+    if (packed == NULL)
+        return -1;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *kg = k + g * tk * d, *vg = v + g * tk * d;
+        float *keys = packed + g * group_size, *cols = keys + key_size;
+        for (int64_t p = 0; p < key_panels; p++)
+            pack_panel(kg, d, tk, p * PANEL, d, 1, keys + p * d * PANEL);
+        for (int64_t p = 0; p < col_panels; p++)
+            pack_panel(vg, tk, d, p * PANEL, 1, d, cols + p * tk * PANEL);
+    }
+    int64_t gp = next_pow2((tk + BP_SEGMENT - 1) / BP_SEGMENT);
+    int64_t dot_size = panel_scratch_size(tk > d ? tk : d);
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) reduction(|:failed)
+    {
+        /* softmax_stats' scratch, panel_dot's scratch, PANEL outputs, scores [key_panels * PANEL], p [tk] */
+        float *buf = malloc(sizeof(float) * (size_t)(2 * BP_LANES + 3 * gp + dot_size + PANEL
+                                                     + key_panels * PANEL + tk));
+        failed = buf == NULL;
+        struct scratch sc = {buf, buf + 2 * BP_LANES, buf + 2 * BP_LANES + gp, buf + 2 * BP_LANES + 2 * gp};
+        float *dot_scratch = buf + 2 * BP_LANES + 3 * gp, *y = dot_scratch + dot_size;
+        float *scores = y + PANEL, *probs = scores + key_panels * PANEL;
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < groups * tq; item++) {
+            if (failed)
+                continue;
+            int64_t g = item / tq, i = item % tq;
+            int64_t limit = kv_lengths[g];
+            if (causal && i + 1 + tk - tq < limit)
+                limit = i + 1 + tk - tq;
+            const float *keys = packed + g * group_size, *cols = keys + key_size;
+            for (int64_t p = 0; p * PANEL < limit; p++)
+                panel_dot(q + item * d, keys + p * d * PANEL, d, dot_scratch, scores + p * PANEL);
+            struct stats st = softmax_stats(scores, NULL, limit, scale, &sc);
+            for (int64_t j = 0; j < limit; j++)
+                probs[j] = canonical_exp(scaled(scores, NULL, j, scale) - st.shift) * st.recip;
+            float *orow = out + item * d;
+            for (int64_t p = 0; p < col_panels; p++) {
+                panel_dot(probs, cols + p * tk * PANEL, limit, dot_scratch, y);
+                for (int64_t c = 0; c < PANEL && p * PANEL + c < d; c++)
+                    orow[p * PANEL + c] = y[c];
+            }
+        }
+        free(buf);
+    }
+    free(packed);
+    return failed ? -1 : 0;
+}
+
+/* silu_mul (spec 24.5), element-wise: e = exp(-|g|), r = reciprocal(1 + e) (1 + e in [1, 2]),
+ * sigmoid = g >= 0 ? r : e * r, out = (g * sigmoid) * up. */
+void bp_silu_mul(const float *gate, const float *up, int64_t n, float *out, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        float e = canonical_exp(-abs_f32(g));
+        float r = canonical_reciprocal(1.0f + e);
+        float sigmoid = g >= 0.0f ? r : e * r;
+        out[i] = (g * sigmoid) * up[i];
+    }
+}
