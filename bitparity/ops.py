@@ -107,8 +107,8 @@ def entropy(logits, mask=None, temperature=1.0, *, backend=None):
     return _softmax_family("entropy", logits, mask, temperature, backend).reshape(logits.shape[:-1])
 
 
-def _check_index_tensor(name, t, shape_name, shape, device):
-    """An int64 tensor of the given shape on the given device (the logits')."""
+def _check_index_tensor(name, t, shape_name, shape, device, owner="logits'"):
+    """An int64 tensor of the given shape on the given device (owner's, in the possessive)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of dtype int64; got {type(t).__name__}")
     if t.dtype != torch.int64:
@@ -116,7 +116,7 @@ def _check_index_tensor(name, t, shape_name, shape, device):
     if t.shape != shape:
         raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}; got {tuple(t.shape)}")
     if t.device != device:
-        raise ValueError(f"{name} must be on logits' device, {device}; got {t.device}")
+        raise ValueError(f"{name} must be on {owner} device, {device}; got {t.device}")
     return t.contiguous()
 
 
@@ -179,13 +179,20 @@ def _f32(value):
     return None if value is None else float(np.float32(value))
 
 
-def _positive_bound(name, value):
-    """A clamp bound: finite, > 0 and still a normal float32 once rounded, so min/max never
-    see a tie between +0.0 and -0.0 (spec 16)."""
-    value = _real(name, value, low=0.0, low_open=True, allow_none=True)
-    if value is not None and not np.finfo(np.float32).tiny <= np.float32(value) < np.inf:
+def _normal_float32(name, value):
+    """A finite real > 0 that is still a normal float32 once rounded (eps, clamp bounds): min/max then
+    never see a tie between +0.0 and -0.0 (spec 16), and var + eps is normal (spec 15.3, 24.2)."""
+    value = _real(name, value, low=0.0, low_open=True)
+    with np.errstate(over="ignore"):
+        normal = np.finfo(np.float32).tiny <= np.float32(value) < np.inf
+    if not normal:
         raise ValueError(f"{name} must round to a normal float32 (1.18e-38 to 3.4e38); got {value}")
     return value
+
+
+def _positive_bound(name, value):
+    """An optional clamp bound: None, or _normal_float32."""
+    return None if value is None else _normal_float32(name, value)
 
 
 def _check_choice(name, value, choices):
@@ -239,9 +246,7 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, backend=
     for name, flag in (("shift_mean", shift_mean), ("unbiased", unbiased)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
-    eps = _real("eps", eps, low=0.0, low_open=True)
-    if np.float32(eps) < np.finfo(np.float32).tiny:
-        raise ValueError(f"eps must be at least float32's smallest normal, 1.18e-38, so var + eps is normal; got {eps}")
+    eps = _normal_float32("eps", eps)
     out = _call("masked_whiten", backend, _flat(x), mask.reshape(1, -1).contiguous(), shift_mean, unbiased, _f32(eps))
     return out.reshape(x.shape)
 
@@ -478,7 +483,8 @@ def _length_factors(lengths, length_penalty, beam_scores):
             raise ValueError("length_penalty needs lengths (the length each beam's candidates have); "
                              f"got length_penalty={length_penalty} and lengths=None")
         return None
-    _check_index_tensor("lengths", lengths, "beam_scores.shape", beam_scores.shape, beam_scores.device)
+    _check_index_tensor("lengths", lengths, "beam_scores.shape", beam_scores.shape, beam_scores.device,
+                        "beam_scores'")
     n = lengths.cpu().numpy()
     _reject("lengths", n, n >= 1, ">= 1")
     factor = length_factor(n, length_penalty)
@@ -554,11 +560,7 @@ def rms_norm(x, weight, eps=1e-6, *, backend=None):
     times the reciprocal of D, spec 15.2's rsqrt), as Qwen3's RMSNorm."""
     _check_float_tensor("x", x, 1)
     weight = _check_param("weight", weight, x.shape[-1:], "x", x)
-    eps = _real("eps", eps, low=0.0, low_open=True)
-    with np.errstate(over="ignore"):
-        normal = np.finfo(np.float32).tiny <= np.float32(eps) < np.inf
-    if not normal:
-        raise ValueError(f"eps must round to a normal float32 (1.18e-38 to 3.4e38); got {eps}")
+    eps = _normal_float32("eps", eps)
     return _call("rms_norm", backend, _rows(x), weight, _f32(eps)).reshape(x.shape)
 
 
@@ -622,7 +624,7 @@ def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
         raise ValueError(f"causal attention needs Tq <= Tk (queries are the last Tq positions); got Tq={tq}, Tk={tk}")
     if kv_lengths is None:
         kv_lengths = torch.full((batch,), tk, dtype=torch.int64, device=q.device)
-    kv_lengths = _check_index_tensor("kv_lengths", kv_lengths, "[B]", q.shape[:1], q.device)
+    kv_lengths = _check_index_tensor("kv_lengths", kv_lengths, "[B]", q.shape[:1], q.device, "q's")
     low, high = int(kv_lengths.min()), int(kv_lengths.max())
     if low < 1 or high > tk:
         raise ValueError(f"kv_lengths must lie in [1, Tk] = [1, {tk}]; got {low if low < 1 else high}")
