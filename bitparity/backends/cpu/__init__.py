@@ -5,7 +5,7 @@ over memory instead of one numpy pass per float32 operation.  It is built once
 per machine by backends/_build.py (cached by source, flags and compiler) and
 called through ctypes on the tensors' own memory; rows (for the RL
 reductions, (row, segment) pairs; for GAE, sequences) are split over
-torch.get_num_threads() OpenMP threads.
+torch.get_num_threads() OpenMP threads, or run on one when a call is small (_threads).
 
 Instruction sets: canonical.c is built for the widest of AVX-512F, AVX2 and the
 baseline that this CPU runs, asked at run time (cpu_features.c).  The width
@@ -137,6 +137,16 @@ def isa_level():
     return int(ctypes.CDLL(str(path)).bp_isa_level())
 
 
+# Below this many float operations a call runs on one thread: a parallel region costs microseconds on an
+# idle machine and up to a scheduler time slice when another thread pool (torch's) holds the other cores,
+# which made the model's small per-token calls 10-100x slower than their arithmetic. Threads change no bit.
+_PARALLEL_WORK = 1 << 18
+
+
+def _threads(work):
+    return torch.get_num_threads() if work >= _PARALLEL_WORK else 1
+
+
 def _per_row(x):
     return torch.empty(x.shape[0], dtype=torch.float32)
 
@@ -164,12 +174,12 @@ class Build:
         """Run a row op into out (f32[R] or f32[R, N]); other is the mask (or None) or the tokens."""
         rows, n = x.shape
         _check(getattr(self._lib, fname)(x.data_ptr(), None if other is None else other.data_ptr(),
-                                         rows, n, *scale, out.data_ptr(), torch.get_num_threads()))
+                                         rows, n, *scale, out.data_ptr(), _threads(x.numel())))
         return out
 
     def _elementwise(self, fname, x):
         out = torch.empty_like(x)
-        getattr(self._lib, fname)(x.data_ptr(), x.numel(), out.data_ptr(), torch.get_num_threads())
+        getattr(self._lib, fname)(x.data_ptr(), x.numel(), out.data_ptr(), _threads(x.numel()))
         return out
 
     def sum(self, x, mask):  # noqa: A003 - the op's public name
@@ -203,14 +213,14 @@ class Build:
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(self._lib.bp_masked_whiten(x.data_ptr(), mask.data_ptr(), rows, n, shift_mean, unbiased, eps,
-                                          out.data_ptr(), torch.get_num_threads()))
+                                          out.data_ptr(), _threads(x.numel())))
         return out
 
     def kl_penalty(self, logp, ref_logp, kind, clamp, log_ratio_clamp):
         out = torch.empty_like(logp)
         self._lib.bp_kl_penalty(logp.data_ptr(), ref_logp.data_ptr(), logp.numel(), _KL_KINDS[kind],
                                 _unset_is_inf(clamp), _unset_is_inf(log_ratio_clamp), out.data_ptr(),
-                                torch.get_num_threads())
+                                _threads(logp.numel()))
         return out
 
     def gae(self, rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
@@ -218,7 +228,7 @@ class Build:
         b, t = rewards.shape
         self._lib.bp_gae(rewards.data_ptr(), values.data_ptr(), mask.data_ptr(), bootstrap.data_ptr(), b, t,
                          gamma, gamma_lambda, mask_mode == "zero", adv.data_ptr(), ret.data_ptr(),
-                         torch.get_num_threads())
+                         _threads(rewards.numel()))
         return adv, ret
 
     def ppo_policy_loss(self, logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp,
@@ -228,13 +238,13 @@ class Build:
         _check(self._lib.bp_ppo_policy_loss(logp.data_ptr(), old_logp.data_ptr(), advantages.data_ptr(),
                                             mask.data_ptr(), b, t, ratio_low, ratio_high, _unset_is_inf(dual_clip),
                                             _unset_is_inf(ratio_clamp), _PPO_AGGS[agg], result.data_ptr(),
-                                            torch.get_num_threads()))
+                                            _threads(logp.numel())))
         return result[0].clone(), result[1].clone()
 
     def philox(self, counters, keys):
         out = torch.empty_like(counters)
         self._lib.bp_philox(counters.data_ptr(), keys.data_ptr(), counters.shape[0], out.data_ptr(),
-                            torch.get_num_threads())
+                            _threads(counters.numel()))
         return out
 
     def topk(self, x, k):
@@ -242,14 +252,14 @@ class Build:
         values = torch.empty((rows, k), dtype=torch.float32)
         indices = torch.empty((rows, k), dtype=torch.int64)
         _check(self._lib.bp_topk(x.data_ptr(), rows, n, k, values.data_ptr(), indices.data_ptr(),
-                                 torch.get_num_threads()))
+                                 _threads(x.numel())))
         return values, indices
 
     def filter_logits(self, x, scale, top_k, top_p, min_p):
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(self._lib.bp_filter_logits(x.data_ptr(), rows, n, scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(),
-                                          min_p.data_ptr(), out.data_ptr(), torch.get_num_threads()))
+                                          min_p.data_ptr(), out.data_ptr(), _threads(x.numel())))
         return out
 
     def sample(self, x, scale, top_k, top_p, min_p, greedy, seeds, positions):
@@ -257,40 +267,40 @@ class Build:
         rows, n = x.shape
         _check(self._lib.bp_sample(x.data_ptr(), rows, n, scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(),
                                    min_p.data_ptr(), greedy.data_ptr(), seeds.data_ptr(), positions.data_ptr(),
-                                   out.data_ptr(), torch.get_num_threads()))
+                                   out.data_ptr(), _threads(x.numel())))
         return out
 
     def linear(self, x, weight, bias):
         (m, k), n = x.shape, weight.shape[0]
         out = torch.empty((m, n), dtype=torch.float32)
         _check(self._lib.bp_linear(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                                   m, k, n, out.data_ptr(), torch.get_num_threads()))
+                                   m, k, n, out.data_ptr(), _threads(m * k * n)))
         return out
 
     def rms_norm(self, x, weight, eps):
         out = torch.empty_like(x)
         rows, d = x.shape
         _check(self._lib.bp_rms_norm(x.data_ptr(), weight.data_ptr(), rows, d, eps, out.data_ptr(),
-                                     torch.get_num_threads()))
+                                     _threads(rows * d)))
         return out
 
     def rotary(self, x, cos, sin):
         out = torch.empty_like(x)
         rows, d = x.shape
-        self._lib.bp_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, d, out.data_ptr(),
-                            torch.get_num_threads())
+        self._lib.bp_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, d, out.data_ptr(), _threads(rows * d))
         return out
 
     def attention(self, q, k, v, kv_lengths, causal, scale):
         out = torch.empty_like(q)
         groups, tq, d = q.shape
         _check(self._lib.bp_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_lengths.data_ptr(), groups, tq,
-                                      k.shape[1], d, causal, scale, out.data_ptr(), torch.get_num_threads()))
+                                      k.shape[1], d, causal, scale, out.data_ptr(),
+                                      _threads(groups * tq * k.shape[1] * d)))
         return out
 
     def silu_mul(self, gate, up):
         out = torch.empty_like(gate)
-        self._lib.bp_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), torch.get_num_threads())
+        self._lib.bp_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), _threads(gate.numel()))
         return out
 
 
