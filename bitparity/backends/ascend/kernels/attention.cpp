@@ -153,16 +153,8 @@ private:
             for (uint32_t c = 0; c < geo.DataChunks(g); ++c) {
                 NanMax(scratch.acc, scratch.acc, cache[c * LANES], scratch.e, scratch.bits, geo.lanes);
             }
-            const float m = TreeMax(scratch.acc, geo.lanes, scratch.e, scratch.bits);
-            const float segShift = m == NegInf() ? 0.0f : m;
-            ScalarToVectorSync();
-            const SplitSums sums =
-                SegmentSplitSums(cache, geo.DataChunks(g), geo.lanes, geo.treeWidth, segShift, scratch);
-            segMax.SetValue(g, m);
-            segCount.SetValue(g, sums.count);
-            segRest.SetValue(g, sums.rest);
+            const float m = SegmentStatistics(cache, geo, g, segMax, segCount, segRest, scratch);
             rowMax = ScalarNanMax(rowMax, m);
-            ScalarToVectorSync();
         }
         return CombineSegments(segMax, segCount, segRest, geo.segments, rowMax + 0.0f, laneIndexBuf.Get<float>(),
                                scratch);
