@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from bitparity import spec
 from bitparity.backends import ascend
 from bitparity.backends.ascend import host_emulation, npu_ops, spec_header
 from bitparity.reference import canonical
@@ -564,8 +565,8 @@ def test_model_kernels_core_count_changes_no_bit():
 
 def test_model_kernels_beyond_one_tile():
     """What the shared bit test's shapes do not reach: a linear whose K spans two segments (partial rows),
-    rms_norm over two segments, rotary over two column tiles of the half, attention at its key and head-dim
-    limits; and the limits themselves refused."""
+    rms_norm over two segments, rotary over two column tiles of the half, attention at its head-dim limit over
+    two segments of keys; and attention's limits refused."""
     rnd = _model_case(12)
     x, w = rnd(2, 16484), rnd(3, 16484)
     assert torch.equal(_bits(host_emulation.linear(x, w, None)),
@@ -577,10 +578,38 @@ def test_model_kernels_beyond_one_tile():
     cos, sin = angles.cos(), angles.sin()
     assert torch.equal(_bits(host_emulation.rotary(x, cos, sin)),
                        _bits(torch.from_numpy(canonical.rotary(x.numpy(), cos.numpy(), sin.numpy()))))
-    keys, dim = host_emulation.ATTENTION_MAX_KEYS, host_emulation.ATTENTION_MAX_DIM
-    q, k, v = rnd(1, 3, dim), rnd(1, keys, dim), rnd(1, keys, dim)
-    lengths = torch.tensor([keys - 1])
+    dim = host_emulation.ATTENTION_MAX_DIM
+    q, k, v = rnd(1, 2, dim), rnd(1, spec.SEGMENT + 40, dim), rnd(1, spec.SEGMENT + 40, dim)
+    lengths = torch.tensor([spec.SEGMENT + 33])
     want = canonical.attention(q.numpy(), k.numpy(), v.numpy(), lengths.numpy(), True, 0.0625)
     assert torch.equal(_bits(host_emulation.attention(q, k, v, lengths, True, 0.0625)), _bits(torch.from_numpy(want)))
-    with pytest.raises(ValueError, match="at most 1024 keys"):
-        host_emulation.attention(q, rnd(1, keys + 1, dim), rnd(1, keys + 1, dim), lengths, True, 0.0625)
+    keys = host_emulation.ATTENTION_MAX_KEYS
+    with pytest.raises(ValueError, match=f"at most {keys} keys"):
+        host_emulation.attention(q[..., :1], rnd(1, keys + 1, 1), rnd(1, keys + 1, 1), lengths, True, 1.0)
+    with pytest.raises(ValueError, match=f"head dimensions of at most {dim}"):
+        host_emulation.attention(rnd(1, 2, dim + 1), rnd(1, 3, dim + 1), rnd(1, 3, dim + 1), torch.tensor([3]),
+                                 True, 0.0625)
+
+
+@pytest.mark.parametrize("tq, tk, dim, lengths, causal", [
+    (4, 1025, 8, [1025, 700], True),              # two chunks of keys; a prefix inside the first
+    (2, 2048, 16, [2048, 1999], False),           # two full chunks; a ragged second one
+    (3, spec.SEGMENT + 600, 4, [spec.SEGMENT + 600, spec.SEGMENT + 1], True),   # a second segment, 1 key in it
+])
+def test_attention_keys_past_one_chunk_and_one_segment(tq, tk, dim, lengths, causal):
+    """Scores, softmax statistics (spec 8.2's segment combine) and value sums (spec 3's partial rows) chunk by
+    chunk and segment by segment: the reference's bits, with NaN in every cache slot past kv_lengths (never
+    read) and one group's keys dominated by a late key, so the segments' maxima differ."""
+    rnd = _model_case(tk)
+    groups = len(lengths)
+    q, k, v = rnd(groups, tq, dim) * 2, rnd(groups, tk, dim), rnd(groups, tk, dim)
+    k[0, lengths[0] - 3] = q[0, -1] * 4
+    for g, length in enumerate(lengths):
+        k[g, length:] = float("nan")
+        v[g, length:] = float("nan")
+    lengths = torch.tensor(lengths)
+    scale = float(np.float32(1 / np.sqrt(dim)))
+    want = canonical.attention(q.numpy(), k.numpy(), v.numpy(), lengths.numpy(), causal, np.float32(scale))
+    got = host_emulation.attention(q, k, v, lengths, causal, scale)
+    assert not got.isnan().any()
+    assert torch.equal(_bits(got), _bits(torch.from_numpy(want)))

@@ -42,8 +42,9 @@ MAX_ROW = 1024 * spec.SEGMENT
 # Counters per tile of kernels/sampling.cpp's philox kernel (PHILOX_TILE there).
 PHILOX_TILE = 256
 
-# kernels/row_limits.h: attention.cpp takes one chunk of keys per query and head dims its tiles fit.
-ATTENTION_MAX_KEYS = spec.LANES
+# kernels/row_limits.h: attention.cpp keeps a partial row of D floats per segment of keys in UB, and its
+# tiles fit head dims up to 256.
+ATTENTION_MAX_KEYS = 16 * spec.SEGMENT
 ATTENTION_MAX_DIM = 256
 
 # Output columns per block of kernels/linear.cpp: its DotTiles' accumulator (LINEAR_TILE_FLOATS = 8192)
@@ -314,8 +315,9 @@ def attention(q, k, v, kv_lengths, causal, scale, blocks=None):
     groups, tq, d = q.shape
     tk = k.shape[1]
     if tk > ATTENTION_MAX_KEYS or d > ATTENTION_MAX_DIM:
-        raise ValueError(f"the Ascend C attention kernel takes at most {ATTENTION_MAX_KEYS} keys and head "
-                         f"dimensions of at most {ATTENTION_MAX_DIM}; got Tk = {tk}, D = {d}")
+        raise ValueError(f"the Ascend C attention kernel takes at most {ATTENTION_MAX_KEYS} keys (16 segments of "
+                         f"{spec.SEGMENT}: it keeps one partial row per segment in UB) and head dimensions of at "
+                         f"most {ATTENTION_MAX_DIM} (its tiles' UB); got Tk = {tk}, D = {d}")
     if groups * max(tq, tk) * d >= 2**32:
         raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {groups} x {max(tq, tk)} x {d}")
     k_t = k.transpose(1, 2).contiguous()

@@ -14,8 +14,9 @@ namespace bitparity {
 
 constexpr uint32_t MAX_SEGMENTS = 1024;                 // per-segment partials fit in one 4 KB tile
 constexpr uint32_t MAX_ROW = MAX_SEGMENTS * SEGMENT;    // 2^24 floats, which keeps float32 counts exact
-constexpr uint32_t ATTENTION_MAX_KEYS = LANES;             // attention.cpp: one chunk of keys per query
-constexpr uint32_t ATTENTION_MAX_DIM = 256;                 // attention.cpp: the score dots' tiles fit in UB
+constexpr uint32_t ATTENTION_MAX_SEGMENTS = 16;         // attention.cpp: per-segment partial rows of d floats fit in UB
+constexpr uint32_t ATTENTION_MAX_KEYS = ATTENTION_MAX_SEGMENTS * SEGMENT;   // 262,144 keys
+constexpr uint32_t ATTENTION_MAX_DIM = 256;             // attention.cpp: the score dots' tiles and partial rows fit in UB
 constexpr uint32_t PHILOX_TILE = 256;                   // counters per tile of the philox kernel: 4 KB of counter words
 
 }  // namespace bitparity

@@ -176,16 +176,8 @@ private:
                 ComputeScaled(w, len);
                 NanMax(acc, acc, w, e, bits, lanes);
             }
-            float m = TreeMax(acc, lanes, e, bits);
-            float segShift = m == NegInf() ? 0.0f : m;
-            ScalarToVectorSync();
-            // Pass 2: exponentials, split into exact ones (counted) and the rest (summed).
-            SplitSums sums = SegmentSplitSums(segment, dataChunks, lanes, geo.treeWidth, segShift, scratch);
-            segMax.SetValue(g, m);
-            segCount.SetValue(g, sums.count);
-            segRest.SetValue(g, sums.rest);
+            const float m = SegmentStatistics(segment, geo, g, segMax, segCount, segRest, scratch);
             rowMax = ScalarNanMax(rowMax, m);
-            ScalarToVectorSync();
         }
         return CombineSegments(segMax, segCount, segRest, geo.segments, rowMax + 0.0f, laneIndexBuf.Get<float>(),
                                scratch);

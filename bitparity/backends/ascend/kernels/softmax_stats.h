@@ -2,6 +2,7 @@
 // that kernels/softmax.cpp (rows streamed from GM) and kernels/attention.cpp
 // (scores computed in UB) share, so the order is written once.
 //
+//   SegmentStatistics: m_g from the lane-wise maxima, then SegmentSplitSums.
 //   SegmentSplitSums: pass 2 of one segment.  e = exp(w - shift_g) chunk by chunk;
 //     lane j accumulates count += (e == 1 ? 1 : -0.0) and rest += (e == 1 or
 //     e == 0 ? -0.0 : e); n_g = TreeSum(count), t_g = TreeSum(rest) over the
@@ -69,6 +70,25 @@ __aicore__ inline SplitSums SegmentSplitSums(const LocalTensor<float>& segment, 
     sums.count = TreeSum(s.acc, treeWidth);
     sums.rest = TreeSum(s.acc2, treeWidth);
     return sums;
+}
+
+// Segment g's m_g (TreeMax of the lane-wise maxima in s.acc), then n_g and t_g (SegmentSplitSums of its w,
+// cached in segment[c * LANES ...], left as w - shift_g), stored at lane g of segMax, segCount and segRest.
+// Returns m_g.  Ends with the vector pipe owning every buffer again.
+__aicore__ inline float SegmentStatistics(const LocalTensor<float>& segment, const RowGeometry& geo, uint32_t g,
+                                          const LocalTensor<float>& segMax, const LocalTensor<float>& segCount,
+                                          const LocalTensor<float>& segRest, const SoftmaxScratch& s)
+{
+    const float m = TreeMax(s.acc, geo.lanes, s.e, s.bits);
+    const float segShift = m == NegInf() ? 0.0f : m;
+    ScalarToVectorSync();
+    // Pass 2: exponentials, split into exact ones (counted) and the rest (summed).
+    const SplitSums sums = SegmentSplitSums(segment, geo.DataChunks(g), geo.lanes, geo.treeWidth, segShift, s);
+    segMax.SetValue(g, m);
+    segCount.SetValue(g, sums.count);
+    segRest.SetValue(g, sums.rest);
+    ScalarToVectorSync();
+    return m;
 }
 
 // The row statistics from the per-segment m_g, n_g, t_g (segMax, segCount, segRest:

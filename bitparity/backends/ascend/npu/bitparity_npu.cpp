@@ -413,8 +413,9 @@ at::Tensor AttentionOp(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     CheckShaped(k, q, {groups, tk, d}, "k");
     CheckShaped(v, q, {groups, tk, d}, "v");
     TORCH_CHECK(tk <= int64_t(bitparity::ATTENTION_MAX_KEYS) && d <= int64_t(bitparity::ATTENTION_MAX_DIM),
-                "bitparity (ascend): attention takes at most ", bitparity::ATTENTION_MAX_KEYS, " keys and head "
-                "dimensions of at most ", bitparity::ATTENTION_MAX_DIM);
+                "bitparity (ascend): attention takes at most ", bitparity::ATTENTION_MAX_KEYS, " keys (",
+                bitparity::ATTENTION_MAX_SEGMENTS, " segments: one partial row each in UB) and head dimensions of "
+                "at most ", bitparity::ATTENTION_MAX_DIM, "; got Tk = ", tk, ", D = ", d);
     TORCH_CHECK(!causal || tq <= tk, "bitparity (ascend): causal attention needs Tq <= Tk");
     TORCH_CHECK(groups * std::max(tq, tk) * d < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
     CheckRowParameter(kvLengths, q, at::kLong, "kv_lengths");
