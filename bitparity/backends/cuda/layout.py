@@ -24,6 +24,11 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 # not the per-operation Python overhead, dominates.
 INTERPRETER_TILE = 1 << 16
 
+# Products per program of a tile of dot products (linear, attention's scores):
+# each tile is one [*, *, W] product tensor and its halving tree.
+INTERPRETER_PRODUCTS = 1 << 20
+GPU_PRODUCTS = 4 * spec.LANES
+
 # GAE on the GPU (gae.py): rows per program of the reverse loop (one per
 # thread of four warps), and columns of a delta tile: one warp wide, so the
 # gathers of its search for the next counted column stay warp shuffles.
@@ -41,6 +46,27 @@ def row_layout(n_cols):
         return next_pow2(n_cols), 1, 1
     n_segments = triton.cdiv(n_cols, spec.SEGMENT)
     return spec.LANES, n_segments, next_pow2(n_segments)
+
+
+def _products():
+    """Products per program of a tile of dot products: the interpreter takes
+    large tiles, the GPU about 32 per thread of a four-warp program."""
+    return INTERPRETER_PRODUCTS if triton.knobs.runtime.interpret else GPU_PRODUCTS
+
+
+def product_rows(n_rows, width):
+    """Rows per program for a tile of width products per row (attention's [rows, keys, dims]); never changes a bit."""
+    return min(next_pow2(n_rows), max(1, _products() // width))
+
+
+def dot_tile(n_a, n_b, width):
+    """(BLOCK_A, BLOCK_B): a tile of BLOCK_A x BLOCK_B dot products of width lanes each (linear's
+    rows x outputs); never changes a bit.  The tile is about square, so each loaded vector
+    serves about as many products on both sides; short sides (one row: decode) give their
+    share to the other."""
+    pairs = max(1, _products() // width)
+    block_a = min(next_pow2(n_a), 1 << ((pairs.bit_length() - 1) // 2))
+    return block_a, min(next_pow2(n_b), max(1, pairs // block_a))
 
 
 def block_rows(n_rows, width):

@@ -5,7 +5,9 @@ canonical._softmax_stats, spec 8.2): per segment the maximum m_g, then the
 canonical sums n_g of the exponentials exp(w - m_g) that are exactly 1 and
 t_g of the others; then the row shift, the partial trees count and rest,
 their TwoSum total + err, recip = 1/total and log_total = log(total) + err * recip.
-Each op then finishes with its own elementwise pass or canonical sum, in the
+The chunk step of the sums (``softmax_lanes``) and the combination after the
+segments (``softmax_totals``) are shared with attention (attention.py), whose
+rows are scores computed on the fly.  Each op then finishes with its own elementwise pass or canonical sum, in the
 order of the same-named function in canonical.py.
 """
 
@@ -30,10 +32,47 @@ def _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def softmax_lanes(w, seg_shift, lane_count, lane_rest):
+    # w, lane_count, lane_rest: [R, W]; seg_shift: [R] -> (lane_count, lane_rest)
+    # with one chunk of a segment added (spec 8.2): e = exp(w - sh_g); lane
+    # counts add 1.0 where e is exactly 1, lane rests add the other e; zeros
+    # (masked, padding, underflow) add -0.0 to both, the exact identity.
+    neg_zero = neg_zeros(())
+    e = canonical.exp(w - seg_shift[:, None])
+    one = e == 1.0
+    lane_count = lane_count + tl.where(one, 1.0, neg_zero)
+    lane_rest = lane_rest + tl.where(one | (e == 0.0), neg_zero, e)
+    return lane_count, lane_rest
+
+
+@triton.jit
+def softmax_totals(seg_maxes, seg_counts, seg_rests, n_segments):
+    # seg_maxes, seg_counts, seg_rests: [R, GP], m_g, n_g and t_g in slot g
+    # of each of the n_segments segments -> (shift, total, log_total, recip),
+    # each [R] (spec 8.2, after the segments).
+    neg_zero = neg_zeros(())
+    slots = tl.arange(0, seg_maxes.shape[1])                            # [GP]
+    row_max = tree_max(seg_maxes) + 0.0                                 # [R]
+    shift = tl.where(row_max == NEG_INF, 0.0, row_max)
+    # Partial trees over the GP slots; the slots past the last segment are
+    # -0.0, selected rather than computed (their terms would be NaN when shift is).
+    used = (slots < n_segments)[None, :]                                # [1, GP]
+    c = canonical.exp(seg_maxes - shift[:, None])                       # [R, GP]
+    top = c == 1.0
+    count = tree_sum(tl.where(used & top, seg_counts, neg_zero))
+    rest = tree_sum(tl.where(used, tl.where(top, seg_rests, c * (seg_counts + seg_rests)), neg_zero))
+    # TwoSum: total + err == count + rest exactly.
+    total = count + rest
+    bb = total - count
+    err = (count - (total - bb)) + (rest - bb)
+    recip = tl.where(total == 0.0, 0.0, canonical.reciprocal(total))    # 0 for an empty row
+    return shift, total, canonical.log(total) + err * recip, recip
+
+
+@triton.jit
 def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # row_start, rows_ok: [BLOCK_R] -> (shift, total, log_total, recip), each [BLOCK_R].
-    neg_zero = neg_zeros(())
     lanes = tl.arange(0, W)                                             # [W]
     slots = tl.arange(0, GP)                                            # [GP]
     # m_g, n_g and t_g of segment g in slot g.  The segments run in sequence
@@ -65,28 +104,11 @@ def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scal
             cols = start + lanes
             inside = rows_ok[:, None] & (cols < n_cols)[None, :]
             w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
-            e = canonical.exp(w - seg_shift[:, None])
-            one = e == 1.0
-            lane_count = lane_count + tl.where(one, 1.0, neg_zero)
-            lane_rest = lane_rest + tl.where(one | (e == 0.0), neg_zero, e)
+            lane_count, lane_rest = softmax_lanes(w, seg_shift, lane_count, lane_rest)
         seg_maxes = put(seg_maxes, slots, g, seg_max)
         seg_counts = put(seg_counts, slots, g, tree_sum(lane_count))
         seg_rests = put(seg_rests, slots, g, tree_sum(lane_rest))
-    row_max = tree_max(seg_maxes) + 0.0                                 # [BLOCK_R]
-    shift = tl.where(row_max == NEG_INF, 0.0, row_max)
-    # Partial trees over the GP slots; the slots past the last segment are
-    # -0.0, selected rather than computed (their terms would be NaN when shift is).
-    used = (slots < n_segments)[None, :]                                # [1, GP]
-    c = canonical.exp(seg_maxes - shift[:, None])                       # [BLOCK_R, GP]
-    top = c == 1.0
-    count = tree_sum(tl.where(used & top, seg_counts, neg_zero))
-    rest = tree_sum(tl.where(used, tl.where(top, seg_rests, c * (seg_counts + seg_rests)), neg_zero))
-    # TwoSum: total + err == count + rest exactly.
-    total = count + rest
-    bb = total - count
-    err = (count - (total - bb)) + (rest - bb)
-    recip = tl.where(total == 0.0, 0.0, canonical.reciprocal(total))    # 0 for an empty row
-    return shift, total, canonical.log(total) + err * recip, recip
+    return softmax_totals(seg_maxes, seg_counts, seg_rests, n_segments)
 
 
 @triton.jit
