@@ -1,8 +1,8 @@
 """attention (spec 24.4): softmax(q k^T * scale, masked) v per group, as canonical.attention.
 
-A row is one query of one group: row r = g * Tq + i over the G * Tq rows, so a
-program takes BLOCK_R rows whatever their groups (one-token decode steps of
-every group share a program).  Per row, over the keys in chunks of W lanes
+A row is one query of one group, and a program takes a tile of BLOCK_G groups
+by BLOCK_Q queries (layout.product_rows rows in all), so the one-token decode
+steps of many groups share a program.  Per row, over the keys in chunks of W lanes
 (row_layout(Tk), the softmax's and the key sums' structure):
   1. the scores w_j = dot(q_i, k_j) * scale by canonical.dot_sums over D, -inf
      where key j does not count (j >= kv_lengths[g], or past the query when
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import canonical
-from .canonical import NEG_INF, SEGMENT, dot_sums, nan_max, neg_zeros, put, tree_max, tree_sum
+from .canonical import NEG_INF, SEGMENT, dot_sums, log2, nan_max, neg_zeros, put, tree_max, tree_sum
 from .layout import launch, next_pow2, product_rows, row_layout
 from .softmax import softmax_lanes, softmax_totals
 
@@ -45,18 +45,22 @@ def _scores(q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, keys, dim, d_segmen
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, n_rows, n_queries, n_keys, dim,
-                     n_segments, d_segments, scale, CAUSAL: tl.constexpr, BLOCK_R: tl.constexpr,
-                     W: tl.constexpr, GP: tl.constexpr, DW: tl.constexpr, DGP: tl.constexpr,
-                     DV: tl.constexpr):
-    # q, out: [G, Tq, D]; k, v: [G, Tk, D]; kv_lengths: [G] int64.  One program:
-    # BLOCK_R rows r = g * Tq + i.  W, GP: lanes and segment slots over the Tk
-    # keys; DW, DGP: over the D dims of a score; DV: dims of out per pass.
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)           # [BLOCK_R]
-    rows_ok = rows < n_rows
-    group = rows // n_queries
-    query = rows - group * n_queries
-    q_start = rows.to(tl.int64) * dim                                   # also out's row start
+def attention_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, n_groups, n_queries, n_keys, dim,
+                     n_segments, d_segments, scale, CAUSAL: tl.constexpr, BLOCK_G: tl.constexpr,
+                     BLOCK_Q: tl.constexpr, W: tl.constexpr, GP: tl.constexpr, DW: tl.constexpr,
+                     DGP: tl.constexpr, DV: tl.constexpr):
+    # q, out: [G, Tq, D]; k, v: [G, Tk, D]; kv_lengths: [G] int64.  Program
+    # (a, b): the BLOCK_R = BLOCK_G * BLOCK_Q rows of queries block b of
+    # groups block a (powers of two: shifts and masks, no integer division,
+    # which the GPU would make with its approximate reciprocal).  W, GP: lanes
+    # and segment slots over the Tk keys; DW, DGP: over the D dims of a score;
+    # DV: dims of out per pass.
+    BLOCK_R: tl.constexpr = BLOCK_G * BLOCK_Q
+    tile = tl.arange(0, BLOCK_R)                                        # [BLOCK_R]
+    group = tl.program_id(0) * BLOCK_G + (tile >> log2(BLOCK_Q))
+    query = tl.program_id(1) * BLOCK_Q + (tile & (BLOCK_Q - 1))
+    rows_ok = (group < n_groups) & (query < n_queries)
+    q_start = (group.to(tl.int64) * n_queries + query) * dim            # also out's row start
     kv_start = group.to(tl.int64) * n_keys * dim
     # Key j counts iff j < limit: j < kv_lengths[g] and, when causal,
     # j <= i + (Tk - Tq) (the query's position, bottom-right aligned).
@@ -124,9 +128,11 @@ def attention(q, k, v, kv_lengths, causal, scale):
     out = torch.empty_like(q)
     width, n_segments, slots = row_layout(n_keys)
     d_width, d_segments, d_slots = row_layout(dim)
-    n_rows = n_groups * n_queries
-    rows = product_rows(n_rows, width * max(d_width, next_pow2(dim)))
-    launch(attention_kernel, triton.cdiv(n_rows, rows), q, k, v, kv_lengths, out, n_rows, n_queries, n_keys, dim,
-           n_segments, d_segments, float(scale), CAUSAL=bool(causal), BLOCK_R=rows, W=width, GP=slots,
+    rows = product_rows(n_groups * n_queries, width * max(d_width, next_pow2(dim)))
+    block_q = min(next_pow2(n_queries), rows)
+    block_g = min(next_pow2(n_groups), rows // block_q)
+    launch(attention_kernel, (triton.cdiv(n_groups, block_g), triton.cdiv(n_queries, block_q)),
+           q, k, v, kv_lengths, out, n_groups, n_queries, n_keys, dim, n_segments, d_segments, float(scale),
+           CAUSAL=bool(causal), BLOCK_G=block_g, BLOCK_Q=block_q, W=width, GP=slots,
            DW=d_width, DGP=d_slots, DV=next_pow2(dim))
     return out

@@ -119,11 +119,13 @@ def block_elements(n):
 
 
 def launch(kernel, n_programs, *args, **constexprs):
-    """kernel[(n_programs,)](*args, **constexprs) with LAUNCH_OPTIONS.
+    """kernel[(n_programs,)](*args, **constexprs) with LAUNCH_OPTIONS; n_programs may be a
+    tuple, one count per grid axis.
 
     In the interpreter the kernels' float32 arithmetic is numpy's, which warns
     on inf - inf, 0 * inf and the like: IEEE cases the canonical order meets
     on purpose (and resolves by selects), so those warnings are silenced.
     """
     with np.errstate(all="ignore"):
-        kernel[(n_programs,)](*args, **constexprs, **LAUNCH_OPTIONS)
+        grid = n_programs if isinstance(n_programs, tuple) else (n_programs,)
+        kernel[grid](*args, **constexprs, **LAUNCH_OPTIONS)

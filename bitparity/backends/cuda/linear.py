@@ -23,10 +23,9 @@ def linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, n_rows, n_out, n_in, n_segmen
                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   W: tl.constexpr, GP: tl.constexpr):
     # x: [n_rows, n_in], weight: [n_out, n_in], bias: [n_out]; out: [n_rows, n_out].
-    # Program p: row block p // (output blocks), output block p % (output blocks).
-    n_blocks = (n_out + BLOCK_N - 1) // BLOCK_N
-    rows = (tl.program_id(0) // n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)    # [BLOCK_M]
-    outs = (tl.program_id(0) % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)     # [BLOCK_N]
+    # Program (i, j): rows of block i, outputs of block j.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)           # [BLOCK_M]
+    outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BLOCK_N]
     rows_ok = rows < n_rows
     outs_ok = outs < n_out
     # y[m, n] = dot(x[m, :], weight[n, :]), then one add of bias[n]; no + 0.0.
@@ -45,7 +44,7 @@ def linear(x, weight, bias):
     out = torch.empty((n_rows, n_out), dtype=torch.float32, device=x.device)
     width, n_segments, slots = row_layout(n_in)
     block_m, block_n = dot_tile(n_rows, n_out, width)
-    launch(linear_kernel, triton.cdiv(n_rows, block_m) * triton.cdiv(n_out, block_n),
+    launch(linear_kernel, (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n)),
            x, weight, weight if bias is None else bias, out, n_rows, n_out, n_in, n_segments,
            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, W=width, GP=slots)
     return out
