@@ -7,8 +7,8 @@ steps of many groups share a program.  Per row, over the keys in chunks of W lan
   1. the scores w_j = dot(q_i, k_j) * scale by canonical.dot_sums over D, -inf
      where key j does not count (j >= kv_lengths[g], or past the query when
      causal: key j counts iff j < limit_i);
-  2. the softmax statistics of spec 8.2 over w, in softmax.py's order
-     (its ``softmax_lanes`` and ``softmax_totals``);
+  2. the softmax statistics of spec 8.2 over w: softmax.py's softmax_stats,
+     with the scores as the chunks it loads;
   3. out_d = canonical sum over j of select(counts, p_j * v_jd, -0.0),
      p_j = exp(w_j - shift) * recip, lanes along the keys.
 The scores are recomputed in each pass rather than stored: one chunk of keys
@@ -27,21 +27,28 @@ import triton
 import triton.language as tl
 
 from . import canonical
-from .canonical import NEG_INF, SEGMENT, dot_sums, log2, nan_max, neg_zeros, put, tree_max, tree_sum
+from .canonical import NEG_INF, SEGMENT, dot_sums, log2, neg_zeros, put, tree_sum
 from .layout import launch, next_pow2, product_rows, row_layout
-from .softmax import softmax_lanes, softmax_totals
+from .softmax import softmax_stats
 
 
 @triton.jit
-def _scores(q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, keys, dim, d_segments, scale,
-            DW: tl.constexpr, DGP: tl.constexpr):
-    # q_start, kv_start, rows_ok, limit: [BLOCK_R]; keys: [W] int64 ->
-    # (w, counts), each [BLOCK_R, W]: w = dot(q, k_j) * scale where key j
-    # counts (j < limit), -inf elsewhere (canonical._scaled with the mask).
-    counts = rows_ok[:, None] & (keys[None, :] < limit[:, None])
+def _key_counts(rows_ok, limit, keys):
+    # rows_ok, limit: [BLOCK_R]; keys: [W] -> [BLOCK_R, W]: key j counts for its row (j < limit).
+    return rows_ok[:, None] & (keys[None, :] < limit[:, None])
+
+
+@triton.jit
+def _scores(score_args, keys):
+    # score_args = (q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, dim, d_segments, scale, d_lanes, d_slots),
+    # the tensors [BLOCK_R] but d_lanes = arange(DW), d_slots = arange(DGP);
+    # keys: [W] -> w: [BLOCK_R, W], dot(q, k_j) * scale where key j counts and
+    # -inf elsewhere (canonical._scaled with the mask).  Keys that do not count are not loaded.
+    q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, dim, d_segments, scale, d_lanes, d_slots = score_args
+    counts = _key_counts(rows_ok, limit, keys)
     s = dot_sums(q_ptr, q_start[:, None], rows_ok[:, None],
-                 k_ptr, kv_start[:, None] + keys[None, :] * dim, counts, dim, d_segments, DW, DGP)
-    return tl.where(counts, s * scale, NEG_INF), counts
+                 k_ptr, kv_start[:, None] + keys.to(tl.int64)[None, :] * dim, counts, dim, d_segments, d_lanes, d_slots)
+    return tl.where(counts, s * scale, NEG_INF)
 
 
 @triton.jit
@@ -67,39 +74,19 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, n_groups, n_quer
     limit = tl.load(lengths_ptr + group, mask=rows_ok, other=1)
     if CAUSAL:
         limit = tl.minimum(limit, (query + (n_keys - n_queries) + 1).to(tl.int64))
-    lanes = tl.arange(0, W).to(tl.int64)                                # [W]
-    slots = tl.arange(0, GP)                                            # [GP]
+    # (A tuple keeps tensors, not constexprs: the dims' lanes and slots go in as aranges.)
+    score_args = (q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, dim, d_segments, scale,
+                  tl.arange(0, DW), tl.arange(0, DGP))
 
-    # Softmax statistics over the keys (spec 8.2), segment by segment.
-    seg_maxes = tl.full((BLOCK_R, GP), NEG_INF, tl.float32)             # [BLOCK_R, GP]
-    seg_counts = neg_zeros((BLOCK_R, GP))                               # [BLOCK_R, GP]
-    seg_rests = neg_zeros((BLOCK_R, GP))                                # [BLOCK_R, GP]
-    for g in range(n_segments):
-        seg_start = g * SEGMENT
-        seg_end = tl.minimum(seg_start + SEGMENT, n_keys)
-        # Pass 1: m_g (+0.0 makes a zero maximum +0.0).
-        lane_max = tl.full((BLOCK_R, W), NEG_INF, tl.float32)           # [BLOCK_R, W]
-        for start in range(seg_start, seg_end, W):
-            w, _ = _scores(q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, start + lanes, dim, d_segments,
-                           scale, DW, DGP)
-            lane_max = nan_max(lane_max, w)
-        seg_max = tree_max(lane_max) + 0.0                              # [BLOCK_R]
-        seg_shift = tl.where(seg_max == NEG_INF, 0.0, seg_max)
-        # Pass 2: n_g and t_g, lane by lane, then the halving tree.
-        lane_count = neg_zeros((BLOCK_R, W))                            # [BLOCK_R, W]
-        lane_rest = neg_zeros((BLOCK_R, W))                             # [BLOCK_R, W]
-        for start in range(seg_start, seg_end, W):
-            w, _ = _scores(q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, start + lanes, dim, d_segments,
-                           scale, DW, DGP)
-            lane_count, lane_rest = softmax_lanes(w, seg_shift, lane_count, lane_rest)
-        seg_maxes = put(seg_maxes, slots, g, seg_max)
-        seg_counts = put(seg_counts, slots, g, tree_sum(lane_count))
-        seg_rests = put(seg_rests, slots, g, tree_sum(lane_rest))
-    shift, _, _, recip = softmax_totals(seg_maxes, seg_counts, seg_rests, n_segments)    # [BLOCK_R] each
+    # The softmax statistics over the keys (spec 8.2), in softmax.py's order.
+    shift, _, _, recip = softmax_stats(_scores, score_args, n_keys, n_segments, BLOCK_R, W, GP)
 
     # out[r, d] = canonical sum over the keys of select(counts, p_j * v_jd, -0.0),
-    # DV dims at a time: lane j of dim d adds key j, j + W, ... in order.
+    # p_j = exp(w_j - shift) * recip, DV dims at a time: lane j of dim d adds
+    # keys j, j + W, ... in order, from -0.0, then the halving tree.
     neg_zero = neg_zeros(())
+    lanes = tl.arange(0, W)                                             # [W]
+    slots = tl.arange(0, GP)                                            # [GP]
     for d_start in range(0, dim, DV):
         dims = d_start + tl.arange(0, DV)                               # [DV]
         dims_ok = dims < dim
@@ -109,12 +96,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, n_groups, n_quer
             seg_end = tl.minimum(seg_start + SEGMENT, n_keys)
             acc = neg_zeros((BLOCK_R, DV, W))                           # [BLOCK_R, DV, W]
             for start in range(seg_start, seg_end, W):
-                keys = start + lanes
-                w, counts = _scores(q_ptr, k_ptr, q_start, kv_start, rows_ok, limit, keys, dim, d_segments,
-                                    scale, DW, DGP)
-                p = canonical.exp(w - shift[:, None]) * recip[:, None]  # [BLOCK_R, W]
-                taken = counts[:, None, :] & dims_ok[None, :, None]     # [BLOCK_R, DV, W]
-                v_offs = kv_start[:, None, None] + keys[None, None, :] * dim + dims[None, :, None]
+                keys = start + lanes                                    # [W]
+                p = canonical.exp(_scores(score_args, keys) - shift[:, None]) * recip[:, None]    # [BLOCK_R, W]
+                taken = _key_counts(rows_ok, limit, keys)[:, None, :] & dims_ok[None, :, None]   # [BLOCK_R, DV, W]
+                v_offs = kv_start[:, None, None] + keys.to(tl.int64)[None, None, :] * dim + dims[None, :, None]
                 v = tl.load(v_ptr + v_offs, mask=taken, other=0.0)      # [BLOCK_R, DV, W]
                 acc = acc + tl.where(taken, p[:, None, :] * v, neg_zero)
             partials = put(partials, slots, g, tree_sum(tl.reshape(acc, (BLOCK_R * DV, W))))

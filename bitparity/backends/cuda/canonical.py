@@ -231,18 +231,20 @@ def masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
 
 
 @triton.jit
-def dot_sums(a_ptr, a_start, a_ok, b_ptr, b_start, b_ok, n, n_segments, W: tl.constexpr, GP: tl.constexpr):
+def dot_sums(a_ptr, a_start, a_ok, b_ptr, b_start, b_ok, n, n_segments, lanes, slots):
     # a_start, a_ok: [P, 1]; b_start, b_ok: [P or 1, Q] -> [P, Q]: for every
     # pair, the canonical sum (spec 3) of the n products a[k] * b[k], each
     # rounded once (dot of spec 24), a and b the n-element vectors starting at
-    # the given offsets.  W lanes and GP segment slots are row_layout(n)'s.
+    # the given offsets.  lanes = arange(W), slots = arange(GP), with W lanes
+    # and GP segment slots of row_layout(n) (tensors, not constexprs, so that
+    # they keep their sizes in a tuple: attention.py's score arguments).
     # Pairs that are not ok read nothing (their vectors are skipped, not zero:
     # the caller selects over their results).
     P: tl.constexpr = a_start.shape[0]
     Q: tl.constexpr = b_start.shape[1]
+    W: tl.constexpr = lanes.shape[0]
+    GP: tl.constexpr = slots.shape[0]
     neg_zero = neg_zeros(())
-    lanes = tl.arange(0, W)[None, None, :]                              # [1, 1, W]
-    slots = tl.arange(0, GP)                                            # [GP]
     a_at = a_ptr + a_start[:, :, None]                                  # [P, 1, 1]
     b_at = b_ptr + b_start[:, :, None]                                  # [P or 1, Q, 1]
     partials = neg_zeros((P * Q, GP))                                   # [P * Q, GP]
@@ -254,7 +256,7 @@ def dot_sums(a_ptr, a_start, a_ok, b_ptr, b_start, b_ok, n, n_segments, W: tl.co
         # is +0.0, which would turn an all -0.0 sum into +0.0).
         acc = neg_zeros((P, Q, W))                                      # [P, Q, W]
         for start in range(seg_start, seg_end, W):
-            cols = start + lanes                                        # [1, 1, W]
+            cols = start + lanes[None, None, :]                         # [1, 1, W]
             inside = cols < n
             a = tl.load(a_at + cols, mask=a_ok[:, :, None] & inside, other=0.0)    # [P, 1, W]
             b = tl.load(b_at + cols, mask=b_ok[:, :, None] & inside, other=0.0)    # [P or 1, Q, W]

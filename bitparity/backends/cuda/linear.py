@@ -31,7 +31,7 @@ def linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, n_rows, n_out, n_in, n_segmen
     # y[m, n] = dot(x[m, :], weight[n, :]), then one add of bias[n]; no + 0.0.
     y = dot_sums(x_ptr, rows.to(tl.int64)[:, None] * n_in, rows_ok[:, None],
                  w_ptr, outs.to(tl.int64)[None, :] * n_in, outs_ok[None, :],
-                 n_in, n_segments, W, GP)                               # [BLOCK_M, BLOCK_N]
+                 n_in, n_segments, tl.arange(0, W), tl.arange(0, GP))   # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + outs, mask=outs_ok, other=0.0)[None, :]
     offs = rows.to(tl.int64)[:, None] * n_out + outs[None, :]          # [BLOCK_M, BLOCK_N]

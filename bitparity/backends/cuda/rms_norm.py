@@ -15,11 +15,11 @@ def rms_norm_kernel(x_ptr, weight_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
     # One program: BLOCK_R rows.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     # ms = canonical_sum(x_d * x_d) * reciprocal(D): the row's dot with itself.
+    lanes = tl.arange(0, W)
     squares = dot_sums(x_ptr, row_start[:, None], rows_ok[:, None], x_ptr, row_start[:, None], rows_ok[:, None],
-                       n_cols, n_segments, W, GP)                       # [BLOCK_R, 1]
+                       n_cols, n_segments, lanes, tl.arange(0, GP))     # [BLOCK_R, 1]
     length = tl.full((BLOCK_R, 1), n_cols, tl.int32).to(tl.float32)     # exact below 2**24
     r = rsqrt(squares * reciprocal(length) + eps)                       # [BLOCK_R, 1]
-    lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
         offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
