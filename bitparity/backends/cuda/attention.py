@@ -1,8 +1,8 @@
 """attention (spec 24.4): softmax(q k^T * scale, masked) v per group, as canonical.attention.
 
 A row is one query of one group, and a program takes a tile of BLOCK_G groups
-by BLOCK_Q queries (layout.product_rows rows in all), so the one-token decode
-steps of many groups share a program.  Per row, over the keys in chunks of W lanes
+by BLOCK_Q queries (layout.attention_tile), so the one-token decode steps of
+many groups share a program.  Per row, over the keys in chunks of W lanes
 (row_layout(Tk), the softmax's and the key sums' structure):
   1. the scores w_j = dot(q_i, k_j) * scale by canonical.dot_sums over D, -inf
      where key j does not count (j >= kv_lengths[g], or past the query when
@@ -15,10 +15,12 @@ The scores are recomputed in each pass rather than stored: one chunk of keys
 when Tk <= LANES.  Keys that do not count are never loaded, so garbage or NaN
 in unused cache slots is never combined with a number.
 
-On a GPU (layout.product_rows) a program takes one or a few queries; a chunk
-of LANES keys by D = 128 dims is then more products than a program holds in
-registers, and a GPU-tuned version would compute a chunk's scores in sub-tiles
-of keys through shared memory.  A tensor-core tier would replace the two
+On a GPU (layout.attention_tile) a program takes one query and as many output
+dims per pass as fit beside its keys, recomputing the scores in each pass.  A
+chunk of LANES keys by D = 128 dims is more than a program holds in registers
+(the scores' products, and the output's lane accumulators, D per key lane):
+a GPU-tuned version would stage p and the lane accumulators through shared
+memory.  A tensor-core tier would replace the two
 dot_sums (scores and the weighted key sums) and cannot keep spec 3's order.
 """
 
@@ -28,7 +30,7 @@ import triton.language as tl
 
 from . import canonical
 from .canonical import NEG_INF, SEGMENT, dot_sums, log2, neg_zeros, put, tree_sum
-from .layout import launch, next_pow2, product_rows, row_layout
+from .layout import attention_tile, launch, row_layout
 from .softmax import softmax_stats
 
 
@@ -113,11 +115,9 @@ def attention(q, k, v, kv_lengths, causal, scale):
     out = torch.empty_like(q)
     width, n_segments, slots = row_layout(n_keys)
     d_width, d_segments, d_slots = row_layout(dim)
-    rows = product_rows(n_groups * n_queries, width * max(d_width, next_pow2(dim)))
-    block_q = min(next_pow2(n_queries), rows)
-    block_g = min(next_pow2(n_groups), rows // block_q)
+    block_g, block_q, dims = attention_tile(n_groups, n_queries, width, dim)
     launch(attention_kernel, (triton.cdiv(n_groups, block_g), triton.cdiv(n_queries, block_q)),
            q, k, v, kv_lengths, out, n_groups, n_queries, n_keys, dim, n_segments, d_segments, float(scale),
            CAUSAL=bool(causal), BLOCK_G=block_g, BLOCK_Q=block_q, W=width, GP=slots,
-           DW=d_width, DGP=d_slots, DV=next_pow2(dim))
+           DW=d_width, DGP=d_slots, DV=dims)
     return out

@@ -59,6 +59,16 @@ def product_rows(n_rows, width):
     return min(next_pow2(n_rows), max(1, _products() // width))
 
 
+def attention_tile(n_groups, n_queries, width, dim):
+    """(BLOCK_G, BLOCK_Q, DV): a program's groups and queries, and the dims of its output per pass,
+    for keys in chunks of width lanes; never changes a bit.  The interpreter takes every dim in
+    one pass and as many rows as fit; the GPU one query and the dims that fit beside its keys."""
+    rows = product_rows(n_groups * n_queries, width * next_pow2(dim))
+    block_q = min(next_pow2(n_queries), rows)
+    block_g = min(next_pow2(n_groups), rows // block_q)
+    return block_g, block_q, min(next_pow2(dim), max(1, _products() // (rows * width)))
+
+
 def dot_tile(n_a, n_b, width):
     """(BLOCK_A, BLOCK_B): a tile of BLOCK_A x BLOCK_B dot products of width lanes each (linear's
     rows x outputs); never changes a bit.  The tile is about square, so each loaded vector
