@@ -56,10 +56,10 @@ _ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "lengths_ptr
               "d_segments": "i32", "scale": "fp32"}
 _SILU_MUL = {"gate_ptr": "*fp32", "up_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
 # Long K and long key rows (LANES lanes, 16 segment slots) in GPU tiles
-# (layout.dot_tile, layout.product_rows): 2 x 2 outputs of linear, one query
-# of attention over D = 16 dims.
+# (layout.dot_tile, layout.attention_tile): 2 x 2 outputs of linear; one
+# query of attention over D = 16 dims, its output 4 dims per pass.
 _LINEAR_LONG = {"BLOCK_M": 2, "BLOCK_N": 2, "W": 1024, "GP": 16}
-_ATTENTION_LONG = {"BLOCK_G": 1, "BLOCK_Q": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 16}
+_ATTENTION_LONG = {"BLOCK_G": 1, "BLOCK_Q": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
 # GPU geometry (layout.py): GAE's delta tiles of LANES / SCAN_TILE_COLS rows
 # by SCAN_TILE_COLS columns, its reverse loop one row per thread of a
 # SCAN_ROWS-row program.
