@@ -59,15 +59,16 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, lengths_ptr, out_ptr, n_groups, n_quer
                      BLOCK_Q: tl.constexpr, W: tl.constexpr, GP: tl.constexpr, DW: tl.constexpr,
                      DGP: tl.constexpr, DV: tl.constexpr):
     # q, out: [G, Tq, D]; k, v: [G, Tk, D]; kv_lengths: [G] int64.  Program
-    # (a, b): the BLOCK_R = BLOCK_G * BLOCK_Q rows of queries block b of
-    # groups block a (powers of two: shifts and masks, no integer division,
-    # which the GPU would make with its approximate reciprocal).  W, GP: lanes
-    # and segment slots over the Tk keys; DW, DGP: over the D dims of a score;
-    # DV: dims of out per pass.
+    # (a, b): the BLOCK_R = BLOCK_G * BLOCK_Q rows of queries block a of
+    # groups block b.  Powers of two, so a row's group and query are a shift
+    # and a mask: sm_90 builds integer division from MUFU.RCP, which the PTX
+    # check rejects.  Queries go on axis 0, which takes 2**31 - 1 programs (a
+    # long prefill); axis 1 takes 65535.  W, GP: lanes and segment slots over
+    # the Tk keys; DW, DGP: over the D dims of a score; DV: dims of out per pass.
     BLOCK_R: tl.constexpr = BLOCK_G * BLOCK_Q
     tile = tl.arange(0, BLOCK_R)                                        # [BLOCK_R]
-    group = tl.program_id(0) * BLOCK_G + (tile >> log2(BLOCK_Q))
-    query = tl.program_id(1) * BLOCK_Q + (tile & (BLOCK_Q - 1))
+    group = tl.program_id(1) * BLOCK_G + (tile >> log2(BLOCK_Q))
+    query = tl.program_id(0) * BLOCK_Q + (tile & (BLOCK_Q - 1))
     rows_ok = (group < n_groups) & (query < n_queries)
     q_start = (group.to(tl.int64) * n_queries + query) * dim            # also out's row start
     kv_start = group.to(tl.int64) * n_keys * dim
@@ -116,7 +117,7 @@ def attention(q, k, v, kv_lengths, causal, scale):
     width, n_segments, slots = row_layout(n_keys)
     d_width, d_segments, d_slots = row_layout(dim)
     block_g, block_q, dims = attention_tile(n_groups, n_queries, width, dim)
-    launch(attention_kernel, (triton.cdiv(n_groups, block_g), triton.cdiv(n_queries, block_q)),
+    launch(attention_kernel, (triton.cdiv(n_queries, block_q), triton.cdiv(n_groups, block_g)),
            q, k, v, kv_lengths, out, n_groups, n_queries, n_keys, dim, n_segments, d_segments, float(scale),
            CAUSAL=bool(causal), BLOCK_G=block_g, BLOCK_Q=block_q, W=width, GP=slots,
            DW=d_width, DGP=d_slots, DV=dims)
