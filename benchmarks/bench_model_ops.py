@@ -50,8 +50,8 @@ def main():
         times = {name: measure(lambda f=getattr(_module(name), op): f(*args), repeats=5, budget_s=10).median_ms
                  for name in names if hasattr(_module(name), op)}
         for name, ms in times.items():
-            rows.append((op, label, name, f"{ms:.2f}", f"{times['native'] / ms:.3f}x"))
-    print(tabulate(rows, headers=("op", "shape", "backend", "median ms", "speed vs native"), tablefmt="github"))
+            rows.append((op, label, name, f"{ms:.2f}", f"{ms / times['native']:.3g}"))
+    print(tabulate(rows, headers=("op", "shape", "backend", "median ms", "x native (time)"), tablefmt="github"))
 
 
 if __name__ == "__main__":
