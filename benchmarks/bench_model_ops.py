@@ -1,56 +1,67 @@
-"""CPU cost of the model building blocks (spec 24): the canonical `cpu` backend against the `native` backend
-(torch's own ops: F.linear, SDPA, HF's RMSNorm and SwiGLU arithmetic) on the same CPU, in one run.
+"""Model building blocks (spec 24) at the sizes of a tiny transformer: each canonical backend against native.
 
-Each row is one contract call at a Qwen3-like shape (hidden 64, 4096 outputs; 4 heads x 8 sequences of 48
-tokens, head dim 16); moe is ops.moe (8 experts, top-2) on each backend. Ratios are cpu / native.
+The shapes are those of the end-to-end RL model (spec 25): a [256, 64] activation through a [4096, 64]
+weight (and one decode row), attention over 32 groups (4 heads x 8 sequences) of 48 keys of 16 dims as a
+48-query prefill and a one-query decode step, and ops.moe (8 experts, top-2, intermediate 32) on 256 tokens.
+native is torch's own ops (F.linear, SDPA, HF's RMSNorm and SwiGLU arithmetic) on the same CPU, in the same
+run. Without a GPU the cuda backend runs in the Triton interpreter and ascend in the host emulation (see the
+availability lines): their times are the interpreter's and the emulation's, not a GPU's or an NPU's.
 Run: python benchmarks/bench_model_ops.py
 """
 
+import numpy as np
 import torch
 from tabulate import tabulate
 
 from bitparity import ops
-from bitparity.backends import _module
+from bitparity.backends import _module, availability
 from bitparity.compare.report import cpu_name
 from bitparity.compare.timing import measure
 
+BACKENDS = ("native", "cpu", "cuda", "ascend", "numpy")
 
-def _cases():
-    g = torch.Generator().manual_seed(0)
 
-    def randn(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g) * scale
+def _randn(rng, *shape, scale=1.0):
+    return torch.from_numpy((rng.standard_normal(shape) * scale).astype(np.float32))
 
-    w = randn(4096, 64, scale=0.1)
-    q, kv = randn(32, 48, 16), randn(2, 32, 48, 16)
+
+def cases():
+    """(op, shape label, arguments) of each row; op "moe" is ops.moe, the others are contract calls."""
+    rng = np.random.default_rng(0)
+    weight = _randn(rng, 4096, 64, scale=0.1)
+    k, v = _randn(rng, 32, 48, 16), _randn(rng, 32, 48, 16)
     lengths = torch.full((32,), 48)
-    experts = (randn(8, 64), randn(8, 32, 64, scale=0.1), randn(8, 32, 64, scale=0.1), randn(8, 64, 32, scale=0.1))
-    moe_x = randn(256, 64)
+    experts = (_randn(rng, 8, 64), _randn(rng, 8, 32, 64, scale=0.1), _randn(rng, 8, 32, 64, scale=0.1),
+               _randn(rng, 8, 64, 32, scale=0.1))
     return [
-        ("linear [256, 64] x [4096, 64]", "linear", (randn(256, 64), w, None)),
-        ("linear [1, 64] x [4096, 64]", "linear", (randn(1, 64), w, None)),
-        ("attention prefill [32, 48, 48, 16] causal", "attention", (q, kv[0], kv[1], lengths, True, 0.25)),
-        ("attention decode [32, 1, 48, 16]", "attention", (q[:, -1:].contiguous(), kv[0], kv[1], lengths, True, 0.25)),
-        ("rms_norm [256, 64]", "rms_norm", (randn(256, 64), randn(64), 1e-6)),
-        ("silu_mul [256 x 4096]", "silu_mul", (randn(256 * 4096), randn(256 * 4096))),
-        ("moe [256, 64], E = 8, top-2, I = 32", None, (moe_x, *experts, 2)),
+        ("linear", "[256, 64] x [4096, 64]", (_randn(rng, 256, 64), weight, None)),
+        ("linear", "[1, 64] x [4096, 64]", (_randn(rng, 1, 64), weight, None)),
+        ("attention", "prefill [32, 48, 48, 16]", (_randn(rng, 32, 48, 16), k, v, lengths, True, 0.25)),
+        ("attention", "decode [32, 1, 48, 16]", (_randn(rng, 32, 1, 16), k, v, lengths, True, 0.25)),
+        ("rms_norm", "[256, 64]", (_randn(rng, 256, 64), _randn(rng, 64), 1e-6)),
+        ("rotary", "[256, 64]", (_randn(rng, 256, 64), _randn(rng, 256, 32), _randn(rng, 256, 32))),
+        ("silu_mul", "[256 * 256]", (_randn(rng, 65536), _randn(rng, 65536))),
+        ("moe", "[256, 64], E 8, top-2, I 32", (_randn(rng, 256, 64), *experts, 2)),
     ]
 
 
 def _call(name, op, args):
-    if op is None:
+    if op == "moe":
         return lambda: ops.moe(*args, backend=name)
     return lambda: getattr(_module(name), op)(*args)
 
 
 def main():
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    names = [name for name in BACKENDS if availability(name)[0]]
+    for name in names:
+        print(f"{name}: {availability(name)[1]}")
     rows = []
-    for label, op, args in _cases():
-        native_ms, cpu_ms = (measure(_call(name, op, args), repeats=9, budget_s=2.0).median_ms
-                             for name in ("native", "cpu"))
-        rows.append((label, f"{native_ms:.3f}", f"{cpu_ms:.3f}", f"{cpu_ms / native_ms:.3g}"))
-    print(tabulate(rows, headers=("op", "native ms", "cpu ms", "cpu / native"), tablefmt="github"))
+    for op, label, args in cases():
+        times = {name: measure(_call(name, op, args), repeats=5, budget_s=10).median_ms for name in names}
+        for name, ms in times.items():
+            rows.append((op, label, name, f"{ms:.3g}", f"{ms / times['native']:.3g}"))
+    print(tabulate(rows, headers=("op", "shape", "backend", "median ms", "x native (time)"), tablefmt="github"))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,20 @@ _TOPK = {"x_ptr": "*fp32", "values_ptr": "*fp32", "indices_ptr": "*i64", "keys_p
          "n_rows": "i32", "n_cols": "i32", "n_padded": "i32", "k": "i32"}
 _PHILOX = {"counters_ptr": "*i64", "keys_ptr": "*i64", "out_ptr": "*i64", "n": "i32"}
 _FILTERS_ON = {"USE_MIN_P": True, "USE_TOP_K": True, "USE_TOP_P": True}
+_LINEAR = {"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
+           "n_rows": "i32", "n_out": "i32", "n_in": "i32", "n_segments": "i32"}
+_RMS_NORM = {"x_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
+             "n_segments": "i32", "eps": "fp32"}
+_ROTARY = {"x_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "half": "i32"}
+_ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "lengths_ptr": "*i64", "out_ptr": "*fp32",
+              "n_groups": "i32", "n_queries": "i32", "n_keys": "i32", "dim": "i32", "n_segments": "i32",
+              "d_segments": "i32", "scale": "fp32"}
+_SILU_MUL = {"gate_ptr": "*fp32", "up_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+# Long K and long key rows (LANES lanes, 16 segment slots) in GPU tiles
+# (layout.dot_tile, layout.attention_tile): 2 x 2 outputs of linear; one
+# query of attention over D = 16 dims, its output 4 dims per pass.
+_LINEAR_LONG = {"BLOCK_M": 2, "BLOCK_N": 2, "W": 1024, "GP": 16}
+_ATTENTION_LONG = {"BLOCK_G": 1, "BLOCK_Q": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
 # GPU geometry (layout.py): GAE's delta tiles of LANES / SCAN_TILE_COLS rows
 # by SCAN_TILE_COLS columns, its reverse loop one row per thread of a
 # SCAN_ROWS-row program.
@@ -94,6 +108,12 @@ KERNELS = {
     "sample": ("sampling", "sample_kernel", _SAMPLE, {**_FILTERS_ON, **_LONG}, (*_NAN_MAX, *_PHILOX_ROUND)),
     # A beam-search k: 64 sort words per row.
     "topk": ("topk", "topk_kernel", _TOPK, {"BLOCK_R": 1, "W": 1024, "KP": 64}, _ADD),
+    "linear": ("linear", "linear_kernel", _LINEAR, {"HAS_BIAS": True, **_LINEAR_LONG}, _ARITH),
+    "rms_norm": ("rms_norm", "rms_norm_kernel", _RMS_NORM, _LONG, _ARITH),
+    "rotary": ("rotary", "rotary_kernel", _ROTARY, {"BLOCK_R": 1, "W": 1024}, (*_ARITH, "sub.rn.f32")),
+    # Causal only: the flag adds one integer minimum, no float instruction (and each compile takes seconds).
+    "attention": ("attention", "attention_kernel", _ATTENTION, {"CAUSAL": True, **_ATTENTION_LONG}, _NAN_MAX),
+    "silu_mul": ("elementwise", "silu_mul_kernel", _SILU_MUL, {"BLOCK": 1024}, _ARITH),
 }
 CONTROL = ("control_fused", "control_unfused")
 

@@ -31,12 +31,16 @@ else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     _INTERPRETED = bool(triton.knobs.runtime.interpret)
 
-    from .elementwise import exp, log
+    from .attention import attention
+    from .elementwise import exp, log, silu_mul
     from .gae import gae
     from .kl import kl_penalty
+    from .linear import linear
     from .masked import masked_mean, masked_whiten
     from .ppo import ppo_policy_loss
     from .reduce import sum  # noqa: A004 - the op's public name
+    from .rms_norm import rms_norm
+    from .rotary import rotary
     from .sampling import filter_logits, philox, sample
     from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
     from .topk import topk
@@ -44,7 +48,8 @@ else:
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
                "entropy", "token_logprobs", "exp", "log",
                "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss",
-               "philox", "topk", "filter_logits", "sample"]
+               "philox", "topk", "filter_logits", "sample",
+               "linear", "rms_norm", "rotary", "attention", "silu_mul"]
 
 
 def availability():

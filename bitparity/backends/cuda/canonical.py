@@ -13,6 +13,7 @@ operation order, so each op kernel reads as the reference does:
 - ``program_rows``: the rows one program handles;
 - ``masked_row_sum``: the canonical sum of the counted entries of each row
   (or of their squared deviations) and their exact count (spec 3, 15);
+- ``dot_sums``: canonical dot products of a tile of vector pairs (spec 24);
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
 - ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16;
@@ -227,6 +228,41 @@ def masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
             lane_counts += valid.to(tl.int32)
         partials = put(partials, slots, g, tree_sum(acc))
     return tree_sum(partials), tree_sum(lane_counts)
+
+
+@triton.jit
+def dot_sums(a_ptr, a_start, a_ok, b_ptr, b_start, b_ok, n, n_segments, lanes, slots):
+    # a_start, a_ok: [P, 1]; b_start, b_ok: [P or 1, Q] -> [P, Q]: for every
+    # pair, the canonical sum (spec 3) of the n products a[k] * b[k], each
+    # rounded once (dot of spec 24), a and b the n-element vectors starting at
+    # the given offsets.  lanes = arange(W), slots = arange(GP), with W lanes
+    # and GP segment slots of row_layout(n) (tensors, not constexprs, so that
+    # they keep their sizes in a tuple: attention.py's score arguments).
+    # Pairs that are not ok read nothing (their vectors are skipped, not zero:
+    # the caller selects over their results).
+    P: tl.constexpr = a_start.shape[0]
+    Q: tl.constexpr = b_start.shape[1]
+    W: tl.constexpr = lanes.shape[0]
+    GP: tl.constexpr = slots.shape[0]
+    neg_zero = neg_zeros(())
+    a_at = a_ptr + a_start[:, :, None]                                  # [P, 1, 1]
+    b_at = b_ptr + b_start[:, :, None]                                  # [P or 1, Q, 1]
+    partials = neg_zeros((P * Q, GP))                                   # [P * Q, GP]
+    for g in range(n_segments):
+        seg_start = g * SEGMENT
+        seg_end = tl.minimum(seg_start + SEGMENT, n)
+        # Lane j adds the products of elements j, j + W, ... in order, from
+        # -0.0; positions past n are -0.0, never a product of padding (0 * 0
+        # is +0.0, which would turn an all -0.0 sum into +0.0).
+        acc = neg_zeros((P, Q, W))                                      # [P, Q, W]
+        for start in range(seg_start, seg_end, W):
+            cols = start + lanes[None, None, :]                         # [1, 1, W]
+            inside = cols < n
+            a = tl.load(a_at + cols, mask=a_ok[:, :, None] & inside, other=0.0)    # [P, 1, W]
+            b = tl.load(b_at + cols, mask=b_ok[:, :, None] & inside, other=0.0)    # [P or 1, Q, W]
+            acc = acc + tl.where(inside, a * b, neg_zero)
+        partials = put(partials, slots, g, tree_sum(tl.reshape(acc, (P * Q, W))))
+    return tl.reshape(tree_sum(partials), (P, Q))
 
 
 # -- exp (spec 5) ---------------------------------------------------------------

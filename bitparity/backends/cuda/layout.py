@@ -24,6 +24,11 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 # not the per-operation Python overhead, dominates.
 INTERPRETER_TILE = 1 << 16
 
+# Products per program of a tile of dot products (linear, attention's scores):
+# each tile is one [*, *, W] product tensor and its halving tree.
+INTERPRETER_PRODUCTS = 1 << 20
+GPU_PRODUCTS = 4 * spec.LANES
+
 # GAE on the GPU (gae.py): rows per program of the reverse loop (one per
 # thread of four warps), and columns of a delta tile: one warp wide, so the
 # gathers of its search for the next counted column stay warp shuffles.
@@ -41,6 +46,37 @@ def row_layout(n_cols):
         return next_pow2(n_cols), 1, 1
     n_segments = triton.cdiv(n_cols, spec.SEGMENT)
     return spec.LANES, n_segments, next_pow2(n_segments)
+
+
+def _products():
+    """Products per program of a tile of dot products: the interpreter takes
+    large tiles, the GPU about 32 per thread of a four-warp program."""
+    return INTERPRETER_PRODUCTS if triton.knobs.runtime.interpret else GPU_PRODUCTS
+
+
+def product_rows(n_rows, width):
+    """Rows per program for a tile of width products per row (attention's [rows, keys, dims]); never changes a bit."""
+    return min(next_pow2(n_rows), max(1, _products() // width))
+
+
+def attention_tile(n_groups, n_queries, width, dim):
+    """(BLOCK_G, BLOCK_Q, DV): a program's groups and queries, and the dims of its output per pass,
+    for keys in chunks of width lanes; never changes a bit.  The interpreter takes every dim in
+    one pass and as many rows as fit; the GPU one query and the dims that fit beside its keys."""
+    rows = product_rows(n_groups * n_queries, width * next_pow2(dim))
+    block_q = min(next_pow2(n_queries), rows)
+    block_g = min(next_pow2(n_groups), rows // block_q)
+    return block_g, block_q, min(next_pow2(dim), max(1, _products() // (rows * width)))
+
+
+def dot_tile(n_a, n_b, width):
+    """(BLOCK_A, BLOCK_B): a tile of BLOCK_A x BLOCK_B dot products of width lanes each (linear's
+    rows x outputs); never changes a bit.  The tile is about square, so each loaded vector
+    serves about as many products on both sides; short sides (one row: decode) give their
+    share to the other."""
+    pairs = max(1, _products() // width)
+    block_a = min(next_pow2(n_a), 1 << ((pairs.bit_length() - 1) // 2))
+    return block_a, min(next_pow2(n_b), max(1, pairs // block_a))
 
 
 def block_rows(n_rows, width):
@@ -93,11 +129,13 @@ def block_elements(n):
 
 
 def launch(kernel, n_programs, *args, **constexprs):
-    """kernel[(n_programs,)](*args, **constexprs) with LAUNCH_OPTIONS.
+    """kernel[(n_programs,)](*args, **constexprs) with LAUNCH_OPTIONS; n_programs may be a
+    tuple, one count per grid axis.
 
     In the interpreter the kernels' float32 arithmetic is numpy's, which warns
     on inf - inf, 0 * inf and the like: IEEE cases the canonical order meets
     on purpose (and resolves by selects), so those warnings are silenced.
     """
     with np.errstate(all="ignore"):
-        kernel[(n_programs,)](*args, **constexprs, **LAUNCH_OPTIONS)
+        grid = n_programs if isinstance(n_programs, tuple) else (n_programs,)
+        kernel[grid](*args, **constexprs, **LAUNCH_OPTIONS)

@@ -6,7 +6,10 @@ canonical sums n_g of the exponentials exp(w - m_g) that are exactly 1 and
 t_g of the others; then the row shift, the partial trees count and rest,
 their TwoSum total + err, recip = 1/total and log_total = log(total) + err * recip.
 Each op then finishes with its own elementwise pass or canonical sum, in the
-order of the same-named function in canonical.py.
+order of the same-named function in canonical.py.  ``softmax_stats`` takes
+the function that loads a chunk of the rows as an argument, so attention
+(attention.py) computes the same statistics over the scores it computes
+chunk by chunk.
 """
 
 import torch
@@ -30,9 +33,11 @@ def _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
-                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # row_start, rows_ok: [BLOCK_R] -> (shift, total, log_total, recip), each [BLOCK_R].
+def softmax_stats(load_chunk, chunk_args, n_cols, n_segments,
+                  BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # -> (shift, total, log_total, recip), each [BLOCK_R], of BLOCK_R rows of
+    # n_cols entries w, whose chunks load_chunk(chunk_args, cols) gives: cols
+    # [W] -> w [BLOCK_R, W], -inf where masked out or past n_cols.
     neg_zero = neg_zeros(())
     lanes = tl.arange(0, W)                                             # [W]
     slots = tl.arange(0, GP)                                            # [GP]
@@ -48,10 +53,7 @@ def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scal
         # Pass 1: m_g, the NaN-propagating maximum (+0.0 makes a zero maximum +0.0).
         lane_max = tl.full((BLOCK_R, W), NEG_INF, tl.float32)           # [BLOCK_R, W]
         for start in range(seg_start, seg_end, W):
-            cols = start + lanes
-            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-            w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
-            lane_max = nan_max(lane_max, w)
+            lane_max = nan_max(lane_max, load_chunk(chunk_args, start + lanes))
         seg_max = tree_max(lane_max) + 0.0                              # [BLOCK_R]
         seg_shift = tl.where(seg_max == NEG_INF, 0.0, seg_max)
         # Pass 2: n_g and t_g, lane j adding the terms of w[j], w[j + W], ...
@@ -62,10 +64,7 @@ def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scal
         lane_count = neg_zeros((BLOCK_R, W))                            # [BLOCK_R, W]
         lane_rest = neg_zeros((BLOCK_R, W))                             # [BLOCK_R, W]
         for start in range(seg_start, seg_end, W):
-            cols = start + lanes
-            inside = rows_ok[:, None] & (cols < n_cols)[None, :]
-            w = _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, HAS_MASK)
-            e = canonical.exp(w - seg_shift[:, None])
+            e = canonical.exp(load_chunk(chunk_args, start + lanes) - seg_shift[:, None])
             one = e == 1.0
             lane_count = lane_count + tl.where(one, 1.0, neg_zero)
             lane_rest = lane_rest + tl.where(one | (e == 0.0), neg_zero, e)
@@ -87,6 +86,25 @@ def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scal
     err = (count - (total - bb)) + (rest - bb)
     recip = tl.where(total == 0.0, 0.0, canonical.reciprocal(total))    # 0 for an empty row
     return shift, total, canonical.log(total) + err * recip, recip
+
+
+@triton.jit
+def _load_chunk(chunk_args, cols):
+    # chunk_args = (x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, HAS_MASK),
+    # row_start, rows_ok: [BLOCK_R]; cols: [W] -> w: [BLOCK_R, W], as _load_scaled.
+    # HAS_MASK is read by index: unpacking a tuple makes its constexprs run-time values.
+    x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, _ = chunk_args
+    inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+    return _load_scaled(x_ptr, mask_ptr, row_start[:, None] + cols[None, :], inside, scale, chunk_args[6])
+
+
+@triton.jit
+def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                   HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # row_start, rows_ok: [BLOCK_R] -> (shift, total, log_total, recip), each
+    # [BLOCK_R], of the rows w = x * scale, -inf where masked out.
+    return softmax_stats(_load_chunk, (x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, HAS_MASK),
+                         n_cols, n_segments, BLOCK_R, W, GP)
 
 
 @triton.jit
