@@ -6,6 +6,8 @@ enough (K = 1, 63, 1100 > LANES; D = 6; Tk = 1 .. 40) to cross every lane and ti
 compared as int32 bits after NaN canonicalisation.
 """
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,11 @@ def test_linear_specials(backend):
                       [3e38, 3e38, -3e38, 1.0]], dtype=torch.float32)
     w = torch.tensor([[1.0, -1.0, 0.5, 2.0], [0.0, 1.0, -0.0, 1.0], [1e-40, 1.0, 1.0, 1e30]], dtype=torch.float32)
     _same(*_both("linear", backend, x, w, None))
+    # K = 3 is not a power of two: the lanes past K must be -0.0 padding too (+0.0 would turn -0.0 into +0.0).
+    x3, w3 = torch.tensor([[-0.0, -0.0, -0.0], [1.0, -0.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0], [-1.0, 2.0, 3.0]])
+    out, ref = _both("linear", backend, x3, w3, None)
+    _same(out, ref)
+    assert out[0, 0].item() == 0.0 and math.copysign(1.0, out[0, 0].item()) == -1.0
 
 
 def test_linear_rows_are_independent(backend):
