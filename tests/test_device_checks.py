@@ -38,6 +38,9 @@ def _check_document(doc, md, where, bench_where):
     assert {r["where"] for r in bench if r["backend"] != "native"} == {bench_where}
     assert f"{len(verified)}/{len(verified)} cases match." in md
     assert "## 2. Probe" in md and "## 3. Benchmark" in md and "### Targets" in md
+    rl = doc["steps"]["rl_check"]["value"]
+    assert rl["ok"] and rl["digest"] == rl["expected_digest"] and rl["logprob"]["max_abs_diff"] == 0.0
+    assert "## 4. RL step (spec §25)" in md and "equal." in md
 
 
 @NO_GPU
@@ -74,8 +77,9 @@ def test_gpu_check_refuses_the_interpreter_on_a_gpu(tmp_path, monkeypatch):
         _gpu_check().main(["--interpret", "--out", str(tmp_path)])
 
 
-def _steps(verify_rows=None, failed=()):
+def _steps(verify_rows=None, failed=(), rl_ok=True):
     steps = {name: {"status": "ok", "value": []} for name in ("environment", "probe", "bench")}
+    steps["rl_check"] = {"status": "ok", "value": {"ok": rl_ok}}
     steps["verify"] = ({"status": "error", "error": "Traceback"} if verify_rows is None
                        else {"status": "ok", "value": verify_rows})
     for name in failed:
@@ -90,6 +94,8 @@ def test_exit_status_says_whether_every_digest_matched():
     assert device_check.exit_status(_steps([match, corrupted])) == 1
     assert device_check.exit_status(_steps(None)) == 1
     assert device_check.exit_status(_steps([match], failed=("probe",))) == 2
+    assert device_check.exit_status(_steps([match], rl_ok=False)) == 1           # the RL step's digest or bits differ
+    assert device_check.exit_status(_steps([match], failed=("rl_check",))) == 2
 
 
 def test_targets_against_the_issue():

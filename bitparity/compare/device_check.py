@@ -8,11 +8,13 @@ in order:
 2. probe: the platform assumptions of the spec, on the backend's device (compare/probe.py);
 3. bench: every op against torch's native op and the device's copy bandwidth (compare/bench.py),
    with the issue's targets checked;
-4. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
+4. rl_check: one RL step of spec §25 on the device (rl/check.py): rollout against trainer bit for bit, and
+   the digest against spec §25.6's (with --small: the first 3 requests, against numpy's on the CPU);
+5. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
 
 Each step is run on its own: one that raises is recorded with its traceback and the others still
 run and are written.  Exit status: 0 when every step ran and every digest matched; 1 when a digest
-mismatched or verify could not run; 2 when every digest matched but another step failed.
+(golden or RL step) mismatched or verify could not run; 2 when every digest matched but another step failed.
 
 Without the hardware the same run works on the CPU through the backend's test double (the Triton
 interpreter, the Ascend C host emulation), with --small shapes: CI runs it that way so that it
@@ -123,6 +125,23 @@ def _bench(backend, small, repeats):
     return rows
 
 
+def _rl_check(backend, small):
+    """One RL step of spec §25 on the backend's device: rollout against trainer, and its digest against spec
+    §25.6's (the default 12 requests) or, with small shapes, against numpy's for the first 3 requests."""
+    from ..models import ModelConfig
+    from ..rl import check, default_requests
+    config = ModelConfig()
+    requests = default_requests(0, vocab=config.vocab)[:3] if small else default_requests(0, vocab=config.vocab)
+    doc = check.summary(*check.run_step(*check.models(backend, 0, config), requests))
+    doc["expected_digest"] = (check.summary(*check.run_step(*check.models("numpy", 0, config), requests))["digest"]
+                              if small else check.PUBLISHED_DIGESTS[0])
+    doc["ok"] = doc["consistent"] and doc["digest"] == doc["expected_digest"]
+    print(f"rl-check: {doc['logprob']['bitwise_equal']}/{doc['logprob']['tokens']} log-probs and "
+          f"{doc['value']['bitwise_equal']}/{doc['value']['tokens']} values equal, digest "
+          f"{'as expected' if doc['digest'] == doc['expected_digest'] else 'DIFFERENT'}", flush=True)
+    return doc
+
+
 def _environment():
     from . import report
     return {"packages": report.packages(), "device": report.device(), "machine": report.machine()}
@@ -159,6 +178,13 @@ def _markdown(name, backend, where, test_double, results):
         lines += ["| target | measured | met |", "| --- | --- | --- |"]
         lines += [f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in targets(rows)]
         lines.append("")
+    if results["rl_check"]["status"] == "ok":
+        rl = results["rl_check"]["value"]
+        lines += ["## 4. RL step (spec §25)", "",
+                  f"Rollout against trainer: {rl['logprob']['bitwise_equal']}/{rl['logprob']['tokens']} log-probs and "
+                  f"{rl['value']['bitwise_equal']}/{rl['value']['tokens']} values bitwise equal, max |logp diff| "
+                  f"{rl['logprob']['max_abs_diff']}; digest `{rl['digest']}`, expected `{rl['expected_digest']}`: "
+                  f"{'equal' if rl['ok'] else '**not equal**'}.", ""]
     failed = [k for k, v in results.items() if v["status"] == "error"]
     for k in failed:
         lines += [f"## Step `{k}` failed", "", "```", results[k]["error"].rstrip(), "```", ""]
@@ -172,8 +198,10 @@ def _where(backend):
 
 
 def exit_status(results):
-    verify = results["verify"]
+    verify, rl = results["verify"], results["rl_check"]
     if verify["status"] != "ok" or not all(r["match"] for r in verify["value"]):
+        return 1
+    if rl["status"] == "ok" and not rl["value"]["ok"]:
         return 1
     return 2 if any(v["status"] != "ok" for v in results.values()) else 0
 
@@ -190,6 +218,7 @@ def run(args, has_device, missing_device):
     _step(results, "probe", lambda: _probe(args.backend))
     repeats = args.repeats or (3 if args.small else 20)
     _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
+    _step(results, "rl_check", lambda: _rl_check(args.backend, args.small))
     where = _where(args.backend)
     status = exit_status(results)
     doc = {"name": args.name, "backend": args.backend, "where": where, "small": args.small, "tier": tier(args),

@@ -10,6 +10,8 @@ from .rollout import default_requests, rollout
 from .trainer import RLSettings, TrainerLayout, digest, rl_step
 
 MAX_BATCH = 6                                    # the rollout's cap on running requests
+# Spec §25.6: the digest of the default step, by seed; every canonical backend on every machine must give it.
+PUBLISHED_DIGESTS = {0: "3a94278aba62a56765e8ad969f24b6f9db20b0b3fb02899c4a07461fe3bef286"}
 NATIVE_BATCH_CAPS = (1, 2, 4, None)              # None: every request may run at once
 NATIVE_MICRO_BATCHES = (1, 4, None)              # None: one trainer forward over all sequences
 
@@ -63,13 +65,17 @@ def native_sweep(seed, requests, config=None):
 
 
 def check(backend, seed, native=False):
-    """The rl-check document: the default step on `backend`, and with native=True the same step on the native
-    backend and its sweep. Returns (document, {backend name: (Rollout, StepResult)})."""
+    """The rl-check document: the default step on `backend` (with spec §25.6's digest for the seed, where it
+    publishes one), and with native=True the same step on the native backend and its sweep.
+    Returns (document, {backend name: (Rollout, StepResult)})."""
     config = ModelConfig()
     requests = default_requests(seed, vocab=config.vocab)
     runs = {backend: run_step(*models(backend, seed, config), requests)}
     doc = {"backend": backend, "seed": seed, "config": asdict(config), "max_batch": MAX_BATCH,
            "trainer_layout": asdict(TrainerLayout()), "settings": asdict(RLSettings()), **summary(*runs[backend])}
+    published = PUBLISHED_DIGESTS.get(seed)
+    doc["published_digest"] = published
+    doc["matches_published"] = None if published is None else doc["digest"] == published
     if native:
         runs.setdefault("native", run_step(*models("native", seed, config), requests))
         doc["native"] = {**summary(*runs["native"]), "sweep": native_sweep(seed, requests, config)}
