@@ -147,9 +147,28 @@ def _rl_reference(op, args, kwargs):
                                            kwargs.get("dual_clip"), 20.0, kwargs.get("agg", "token-mean"))), None
 
 
+# The floors of spec 24.7: the scale each result is conditioned by (float64's *_magnitude), except rms_norm's and
+# silu_mul's relative measure, whose silu_mul floor is float32's smallest normal (no subnormal ulps).
+def _model_reference(op, args, kwargs):
+    n = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
+    if op == "rms_norm":
+        return float64.rms_norm(*n).reshape(-1), None
+    if op == "silu_mul":
+        return float64.silu_mul(*n), np.full(n[0].size, np.finfo(np.float32).tiny)
+    if op == "attention":
+        q, k, v = n
+        batch, heads, tq, d = q.shape
+        groups = [t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)]
+        lengths = np.repeat(kwargs["kv_lengths"].numpy(), heads)
+        scale = float(np.float32(1.0 / np.sqrt(d)))          # spec 24.4's RN32(1/sqrt(D)), as ops.attention
+        n = (*groups, lengths, kwargs["causal"], scale)
+    return getattr(float64, op)(*n).reshape(-1), getattr(float64, f"{op}_magnitude")(*n).reshape(-1)
+
+
 REFERENCES = {**{op: _softmax_reference for op in SOFTMAX_OPS},
               **{op: _elementwise_reference for op in ELEMENTWISE_OPS},
-              **{op: _rl_reference for op in RL_OPS}}
+              **{op: _rl_reference for op in RL_OPS},
+              **{op: _model_reference for op in MODEL_OPS}}
 
 
 def reference(op, args, kwargs):

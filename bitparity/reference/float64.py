@@ -3,15 +3,19 @@
 This is the yardstick for accuracy, not a bit target: float32 inputs are
 exact in float64, the temperature-scaled logits are the float32 values
 RN32(x * scale) that the spec starts from (any float32 implementation must
-round x / T once; spec 8.1 and 10 say what that costs), and np.exp/np.log in
+round x / T once; spec 8.1 and 10 say what that costs), moe's chosen experts
+are the ones the float32 router logits choose (moe_routing), and np.exp/np.log in
 float64 are far more accurate than one float32 ulp.  Special values follow
 the spec's table (docs/spec.md, section 9), so that a float32 result and its
 meaning can be compared element by element.
 
-Arrays are 2-D [rows, n] (1-D for exp/log), as in reference/canonical.py.
+Arrays have reference/canonical.py's shapes: 2-D [rows, n] (1-D for exp/log
+and silu_mul), [groups, tokens, D] for attention.
 """
 
 import numpy as np
+
+from . import canonical
 
 F64 = np.float64
 
@@ -217,3 +221,117 @@ def sample_probabilities(x, scale, top_k, top_p, min_p):
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.where(keep, np.exp(w - np.max(np.where(keep, w, -np.inf), axis=1, keepdims=True)), 0.0)
         return e / e.sum(axis=1, keepdims=True)
+
+
+# -- Model building blocks (spec 24) ------------------------------------------------
+# Each op that spec 24.7 measures against a scale comes with a *_magnitude function: that scale, the same
+# computation on the inputs' magnitudes, which bounds how far the roundings of a float32 implementation can move
+# the result. It is the floor of the op's ulp measure (spec 10).
+
+def linear(x, weight, bias):
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N]: x @ weight.T (+ bias)."""
+    y = x.astype(F64) @ weight.astype(F64).T
+    return y if bias is None else y + bias.astype(F64)
+
+
+def linear_magnitude(x, weight, bias):
+    """[M, N]: sum_k |x_k w_k| (+ |b|), the scale of the sum over K (spec 10.1)."""
+    return linear(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
+
+
+def rms_norm(x, weight, eps):
+    """[R, D], weight [D] -> [R, D]: x / sqrt(mean(x^2) + eps) * weight, eps the float32 the op adds (spec 24.2).
+
+    A +-inf entry makes the mean square +inf, so infinite entries give NaN and finite ones +-0, as the spec says;
+    squares that overflow float32 but not float64 (|x| >~ 1.8e19) keep their finite meaning."""
+    x = x.astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ms = np.mean(x * x, axis=1, keepdims=True)
+        return x / np.sqrt(ms + F64(np.float32(eps))) * weight.astype(F64)
+
+
+def _halves(x):
+    h = x.shape[-1] // 2
+    return x[..., :h].astype(F64), x[..., h:].astype(F64)
+
+
+def rotary(x, cos, sin):
+    """x [..., D], cos and sin broadcasting to [..., D/2] -> [..., D]: [x1 cos - x2 sin, x2 cos + x1 sin]."""
+    (x1, x2), c, s = _halves(x), cos.astype(F64), sin.astype(F64)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def rotary_magnitude(x, cos, sin):
+    """[..., D]: |x1 cos| + |x2 sin| and |x2 cos| + |x1 sin|, the scale of each output's one add."""
+    (x1, x2), c, s = _halves(np.abs(x)), np.abs(cos).astype(F64), np.abs(sin).astype(F64)
+    return np.concatenate([x1 * c + x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def attention(q, k, v, kv_lengths, causal, scale):
+    """q [G, Tq, D], k and v [G, Tk, D] -> [G, Tq, D]: softmax(q k^T * scale) v over the keys that count
+    (canonical.attention_mask, spec 24.4), scale the float32 RN32(1/sqrt(D)) the op uses. Keys that do not count
+    are never read, so NaN or inf in unused cache slots changes nothing, as in the spec."""
+    mask = canonical.attention_mask(q.shape[1], k.shape[1], kv_lengths, causal)
+    used = mask.any(axis=1)[..., None]                                   # [G, Tk, 1]: keys some query reads
+    k, v = np.where(used, k, 0.0).astype(F64), np.where(used, v, 0.0).astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(mask, np.einsum("gid,gjd->gij", q.astype(F64), k) * scale, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        return np.einsum("gij,gjd->gid", p / p.sum(axis=-1, keepdims=True), v)
+
+
+def attention_magnitude(q, k, v, kv_lengths, causal, scale):
+    """[G, Tq, D]: sum_j p_j |v_jd|, the scale of the sum over the keys."""
+    return attention(q, k, np.abs(v), kv_lengths, causal, scale)
+
+
+def silu_mul(gate, up):
+    """[n] twice -> [n]: gate * sigmoid(gate) * up; gate = -inf gives NaN (-inf / inf), as spec 24.5 says."""
+    g = gate.astype(F64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return g / (1.0 + np.exp(-g)) * up.astype(F64)
+
+
+def moe_routing(x, router, top_k):
+    """(chosen int64 [M, k], weights float64 [M, k]) of Qwen3-MoE's router: the softmax over all E experts in
+    float64, the chosen experts' probabilities divided by their sum (norm_topk_prob).
+
+    The chosen experts, in rank order, are those spec 24.6 chooses: the k largest float32 router logits
+    linear(x, router) (spec 24.1's bits, which every canonical backend shares), ties to the lowest expert index
+    (spec 21). Which experts count is a discrete decision: choosing by the float64 logits would make the meaning
+    jump wherever two logits lie within a float32 rounding of each other, which no float32 implementation can
+    resolve. So, like RN32(x * scale) for the softmax family, the choice is the float32 one the spec starts from.
+    Logits that tie exactly in float64 (equal router rows, an all-zero token) tie in float32 too and resolve
+    the same way."""
+    _, chosen = canonical.topk(canonical.linear(x, router, None), top_k)
+    logits = linear(x, router, None)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    weights = np.take_along_axis(probs, chosen, axis=1)
+    return chosen, weights / weights.sum(axis=1, keepdims=True)
+
+
+def _experts(x, gate, up, down, chosen, weights, act):
+    """[M, D]: sum over slots s of weights_s * down_e act(gate_e x, up_e x), e = chosen_s, per token."""
+    x = x.astype(F64)
+    out = np.zeros(x.shape)
+    for s in range(chosen.shape[1]):
+        e = chosen[:, s]
+        g = np.einsum("md,mid->mi", x, gate[e].astype(F64))
+        u = np.einsum("md,mid->mi", x, up[e].astype(F64))
+        out += weights[:, s:s + 1] * np.einsum("mi,mdi->md", act(g, u), down[e].astype(F64))
+    return out
+
+
+def moe(x, router, gate, up, down, top_k):
+    """x [M, D], router [E, D], gate and up [E, I, D], down [E, D, I] -> [M, D]: Qwen3-MoE's block, the chosen
+    experts' SwiGLU MLPs weighted by moe_routing's weights."""
+    chosen, weights = moe_routing(x, router, top_k)
+    return _experts(x, gate, up, down, chosen, weights, silu_mul)
+
+
+def moe_magnitude(x, router, gate, up, down, top_k):
+    """[M, D]: sum_s wt_s |down_s| (|gate_s| |x| * |up_s| |x|), the magnitude path. It bounds how far any rounding
+    inside an expert can move the output (|silu(g)| <= |g|, sigmoid' <= 1/4), where the sums inside cancel."""
+    chosen, weights = moe_routing(x, router, top_k)
+    return _experts(np.abs(x), np.abs(gate), np.abs(up), np.abs(down), chosen, weights, np.multiply)

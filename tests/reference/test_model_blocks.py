@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bitparity import ops
 from bitparity.compare import metrics
-from bitparity.reference import canonical
+from bitparity.reference import canonical, float64
 
 from .test_canonical import sum_depth
 
@@ -43,10 +43,7 @@ def test_linear_within_the_sum_bound(k, with_bias):
     w = _randn(rng, 8, k)
     b = _randn(rng, 8, scale=10.0) if with_bias else None
     got = canonical.linear(x, w, b)
-    xd, wd = x.astype(np.float64), w.astype(np.float64)
-    ref, floor = xd @ wd.T, np.abs(xd) @ np.abs(wd).T
-    if with_bias:
-        ref, floor = ref + b, floor + np.abs(b)
+    ref, floor = float64.linear(x, w, b), float64.linear_magnitude(x, w, b)
     bound = sum_depth(k) + 1 + with_bias
     assert metrics.max_or_zero(metrics.ulp_error(got, ref, floor)) <= bound
 
@@ -59,8 +56,7 @@ def test_rms_norm_within_three_and_a_half_ulps(d):
     # the bound keeps the spec's half-ulp-plus headroom over that.
     rng = np.random.default_rng(d)
     x, w, eps = _randn(rng, 16, d, scale=3.0), _randn(rng, d), F32(1e-6)
-    xd = x.astype(np.float64)
-    ref = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + np.float64(eps)) * w
+    ref = float64.rms_norm(x, w, eps)
     assert metrics.max_or_zero(metrics.ulp_error(canonical.rms_norm(x, w, eps), ref)) <= 3.5
 
 
@@ -70,9 +66,7 @@ def test_silu_mul_within_four_ulps():
     rng = np.random.default_rng(5)
     g = np.concatenate([_randn(rng, 200000, scale=8.0), rng.uniform(-80, 80, 100000).astype(F32)])
     u = _randn(rng, g.size)
-    gd = g.astype(np.float64)
-    ref = gd / (1.0 + np.exp(-gd)) * u
-    err = metrics.ulp_error(canonical.silu_mul(g, u), ref, np.finfo(F32).tiny)   # floor: no subnormal ulps
+    err = metrics.ulp_error(canonical.silu_mul(g, u), float64.silu_mul(g, u), np.finfo(F32).tiny)   # floor: no subnormal ulps
     assert metrics.max_or_zero(err) <= 4.0
 
 
@@ -84,10 +78,7 @@ def test_rotary_within_two_ulps_of_its_terms():
     x = _randn(rng, 64, 128)
     angles = rng.uniform(0, 1000, (64, 64))
     cos, sin = np.cos(angles).astype(F32), np.sin(angles).astype(F32)
-    x1, x2 = x[:, :64].astype(np.float64), x[:, 64:].astype(np.float64)
-    c, s = cos.astype(np.float64), sin.astype(np.float64)
-    ref = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=1)
-    floor = np.concatenate([np.abs(x1 * c) + np.abs(x2 * s), np.abs(x2 * c) + np.abs(x1 * s)], axis=1)
+    ref, floor = float64.rotary(x, cos, sin), float64.rotary_magnitude(x, cos, sin)
     assert metrics.max_or_zero(metrics.ulp_error(canonical.rotary(x, cos, sin), ref, floor)) <= 2.0
 
 
@@ -102,12 +93,8 @@ def test_attention_within_five_ulps_of_the_weighted_magnitude(g, t, d):
     lengths = np.full(g, t)
     scale = float(F32(1.0 / np.sqrt(d)))
     got = canonical.attention(q, k, v, lengths, True, scale)
-    s = np.einsum("gid,gjd->gij", q.astype(np.float64), k.astype(np.float64)) * scale
-    s = np.where(canonical.attention_mask(t, t, lengths, True), s, -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    vd = v.astype(np.float64)
-    ref, floor = np.einsum("gij,gjd->gid", p, vd), np.einsum("gij,gjd->gid", p, np.abs(vd))
+    ref = float64.attention(q, k, v, lengths, True, scale)
+    floor = float64.attention_magnitude(q, k, v, lengths, True, scale)
     assert metrics.max_or_zero(metrics.ulp_error(got, ref, floor)) <= 5.0
 
 
@@ -190,8 +177,8 @@ def test_moe_ties_pick_the_lowest_expert(backend):
 
 
 def test_moe_against_float64_qwen3_moe():
-    # Qwen3-MoE in float64 from the same float32 inputs: softmax over all experts, the top-k, renormalised by
-    # their sum (norm_topk_prob), SiLU MLPs, weighted sum. Each stage's error is a few ulps of its magnitudes
+    # Qwen3-MoE in float64 from the same float32 inputs: softmax over all experts, the top-k (the experts the float32
+    # router logits choose, float64.moe_routing), renormalised by their sum (norm_topk_prob), SiLU MLPs, weighted sum. Each stage's error is a few ulps of its magnitudes
     # (linear: depth + 1 ulps of sum |a||b|; silu_mul: 4; softmax: 2.5), and the sums inside an expert cancel,
     # so the scale is the magnitude path F = sum_s wt_s |down_s| (|gate_s||x| * |up_s||x|), which bounds how far
     # any rounding in the expert can move the output (|silu(g)| <= |g|, sigmoid' <= 1/4). Tolerance 2^-19 of F
@@ -201,17 +188,7 @@ def test_moe_against_float64_qwen3_moe():
     m, d, inter, experts, top_k = 32, 64, 32, 8, 2
     router, gate, up, down = _moe_weights(rng, experts, d, inter)
     x = _t(_randn(rng, m, d))
-    got = ops.moe(x, router, gate, up, down, top_k, backend="cpu").double()
-    xd, router, gate, up, down = (t.double() for t in (x, router, gate, up, down))
-    probs = torch.softmax(xd @ router.T, dim=-1)
-    wt, ids = probs.topk(top_k, dim=-1)
-    wt = wt / wt.sum(dim=-1, keepdim=True)
-    ref, scale = torch.zeros_like(xd), torch.zeros_like(xd)
-    for s in range(top_k):
-        e = ids[:, s]
-        h = xd[:, None, :]
-        g, u = (h * gate[e]).sum(-1), (h * up[e]).sum(-1)
-        ref += wt[:, s:s + 1] * ((g * torch.sigmoid(g) * u)[:, None, :] * down[e]).sum(-1)
-        magnitude = (h.abs() * gate[e].abs()).sum(-1) * (h.abs() * up[e].abs()).sum(-1)
-        scale += wt[:, s:s + 1] * (magnitude[:, None, :] * down[e].abs()).sum(-1)
-    assert float(((got - ref).abs() / scale).max()) <= 2.0 ** -19
+    got = ops.moe(x, router, gate, up, down, top_k, backend="cpu").double().numpy()
+    inputs = [t.numpy() for t in (x, router, gate, up, down)]
+    ref, scale = float64.moe(*inputs, top_k), float64.moe_magnitude(*inputs, top_k)
+    assert float((np.abs(got - ref) / scale).max()) <= 2.0 ** -19
