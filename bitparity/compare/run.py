@@ -147,8 +147,8 @@ def _rl_reference(op, args, kwargs):
                                            kwargs.get("dual_clip"), 20.0, kwargs.get("agg", "token-mean"))), None
 
 
-# The floors of spec 24.7: the scale each result is conditioned by (float64's *_magnitude), except rms_norm's and
-# silu_mul's relative measure, whose silu_mul floor is float32's smallest normal (no subnormal ulps).
+# Spec 24.7's floors: the scale each result is conditioned by (float64's *_magnitude); rms_norm's measure is
+# relative (no floor), and silu_mul's relative with float32's smallest normal as its floor (no subnormal ulps).
 def _model_reference(op, args, kwargs):
     n = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
     if op == "rms_norm":
