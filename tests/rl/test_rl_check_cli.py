@@ -105,3 +105,12 @@ def test_bad_input_exits_2(argv, words, capsys):
     assert cli.main(["rl-check", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bitparity rl-check: ") and all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ascend"])
+def test_the_compiled_backends_give_the_published_digest(backend):
+    # The default step (12 requests, the default model) on the C backend and the Ascend emulation; the Triton
+    # interpreter takes 44 s for it, so CI checks cuda on the first 3 requests against numpy
+    # (tests/test_device_checks.py, through scripts/gpu_check.py's rl_check step).
+    doc, _ = check.check(backend, 0)
+    assert doc["consistent"] and doc["matches_published"], doc["digest"]
