@@ -1547,9 +1547,13 @@ int bp_sample(const float *x, int64_t rows, int64_t n, const float *scale, const
 static void pack_panel(const float *src, int64_t n, int64_t cols, int64_t c0, int64_t col_stride,
                        int64_t term_stride, float *panel)
 {
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t c = 0; c < PANEL; c++)
-            panel[j * PANEL + c] = c0 + c < cols ? src[(c0 + c) * col_stride + j * term_stride] : 0.0f;
+    int64_t filled = cols - c0 < PANEL ? cols - c0 : PANEL;
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t c = 0; c < filled; c++)
+            panel[j * PANEL + c] = src[(c0 + c) * col_stride + j * term_stride];
+        for (int64_t c = filled; c < PANEL; c++)
+            panel[j * PANEL + c] = 0.0f;
+    }
 }
 
 /* Floats of scratch panel_dot needs for sums of up to n terms: W lanes and the segment partials. */
