@@ -289,9 +289,14 @@ def model_calls():
         return torch.from_numpy(rng.standard_normal(shape).astype(F32))
 
     out = {op: [] for op in MODEL_OPS}
-    for m, k, n in ((5, 1100, 33), (3, 49153, 4), (1, 64, 40)):
+    # linear: K = 1 to 64 (one depth-first tree, its top lanes empty), 65 to 1024 (several subtrees), past one
+    # lane block (chunks) and one segment (the last one 1 term, or 100: 2 subtrees); M and N off the 4-row
+    # blocks and 16-output panels
+    specials = torch.tensor([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e38])
+    for m, k, n in ((5, 1100, 33), (3, 49153, 4), (1, 64, 40), (7, 1, 17), (6, 3, 5), (9, 31, 16), (4, 33, 31),
+                    (13, 64, 47), (2, 1023, 3), (5, 1025, 18), (3, 16484, 2)):
         x, w = randn(m, k), randn(n, k)
-        x[0, :7] = torch.tensor([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, 3e38])
+        x[0, :7] = specials[:k]
         out["linear"] += [(f"[{m}, {k}] x [{n}, {k}] bias={b}", (x, w, randn(n) if b else None)) for b in (False, True)]
     for rows, d in ((6, 1100), (2, 49153)):
         out["rms_norm"].append((f"[{rows}, {d}]", (randn(rows, d), randn(d), f32(1e-6))))
