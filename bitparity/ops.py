@@ -599,6 +599,11 @@ def rotary_tables(length, dim, base=10000.0):
     return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
 
 
+def attention_scale(head_dim):
+    """RN32(1/sqrt(D)) (spec 24.4): binary64 sqrt and division are correctly rounded everywhere, then one rounding."""
+    return float(np.float32(1.0 / math.sqrt(head_dim)))
+
+
 def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
     """Scaled dot-product attention in the canonical order (spec 24.4): q [B, H, Tq, D], k and v [B, H, Tk, D]
     -> [B, H, Tq, D], scale RN32(1/sqrt(D)).
@@ -628,7 +633,7 @@ def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
     low, high = int(kv_lengths.min()), int(kv_lengths.max())
     if low < 1 or high > tk:
         raise ValueError(f"kv_lengths must lie in [1, Tk] = [1, {tk}]; got {low if low < 1 else high}")
-    scale = float(np.float32(1.0 / math.sqrt(d)))      # binary64 sqrt and division are correctly rounded everywhere
+    scale = attention_scale(d)
     rows = [t.reshape(batch * heads, t.shape[2], d).to(torch.float32).contiguous() for t in (q, k, v)]
     out = _call("attention", backend, *rows, kv_lengths.repeat_interleave(heads), causal, scale)
     return out.reshape(q.shape)

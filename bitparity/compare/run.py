@@ -160,8 +160,7 @@ def _model_reference(op, args, kwargs):
         batch, heads, tq, d = q.shape
         groups = [t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)]
         lengths = np.repeat(kwargs["kv_lengths"].numpy(), heads)
-        scale = float(np.float32(1.0 / np.sqrt(d)))          # spec 24.4's RN32(1/sqrt(D)), as ops.attention
-        n = (*groups, lengths, kwargs["causal"], scale)
+        n = (*groups, lengths, kwargs["causal"], ops.attention_scale(d))
     return getattr(float64, op)(*n).reshape(-1), getattr(float64, f"{op}_magnitude")(*n).reshape(-1)
 
 
