@@ -1,6 +1,6 @@
 """Exhaustive accuracy sweep of the portable exp and log over every float32 bit pattern.
 
-The values swept are the `cpu` backend's exp and log (compiled canonical.c).
+The values swept are the `cpu` backend's exp and log (compiled elementwise.c).
 Each chunk is also compared bit for bit with reference/canonical.py (numpy),
 so the accuracy reported is the spec's, and the sweep doubles as an
 exhaustive bit-identity check of the cpu backend's exp and log.

@@ -1,13 +1,17 @@
 """The `cpu` backend: the canonical order (docs/spec.md) in compiled C on torch CPU tensors.
 
-canonical.c computes the bits of reference/canonical.py in two or three passes
-over memory instead of one numpy pass per float32 operation.  It is built once
-per machine by backends/_build.py (cached by source, flags and compiler) and
+The C sources compute the bits of reference/canonical.py in two or three passes
+over memory instead of one numpy pass per float32 operation.  One file per op,
+named as the cuda and ascend backends name theirs (SOURCES: reduce.c,
+softmax.c, ..., silu_mul.c); the pieces several ops share are written once in
+canonical.h, softmax_stats.h, selection.h and dot_panels.h (HEADERS).  They
+are built into one library once per machine by backends/_build.py (cached by
+sources, headers, flags and compiler) and
 called through ctypes on the tensors' own memory; rows (for the RL
 reductions, (row, segment) pairs; for GAE, sequences) are split over
 torch.get_num_threads() OpenMP threads, or run on one when a call is small (_threads).
 
-Instruction sets: canonical.c is built for the widest of AVX-512F, AVX2 and the
+Instruction sets: the library is built for the widest of AVX-512F, AVX2 and the
 baseline that this CPU runs, asked at run time (cpu_features.c).  The width
 cannot change a bit: the loops are element-wise, so 4, 8 or 16 lanes perform
 the same IEEE add/mul/compare/select/int operations on the same operands as
@@ -22,7 +26,7 @@ floor by walking the kept values down in sorted order while one lane and its
 tree paths are recomputed per token, so that each test A(v) < thr reads the
 exact canonical sum (positions without a term hold -0.0, the identity); with
 top-k off, float64 masses per bucket first pick the few buckets where the mass
-crosses thr, and only their tokens are walked (canonical.c, top_p_filter).
+crosses thr, and only their tokens are walked (sampling.c, top_p_filter).
 Noise is drawn only for the tokens left, in vectorised blocks of 32.
 """
 
@@ -40,6 +44,13 @@ NAME = "cpu"
 
 _HERE = Path(__file__).resolve().parent
 
+# One C file per op, as backends/cuda and backends/ascend/kernels name theirs, built into one library; the
+# headers hold what several ops share (all static inline).  Both are in the build's cache key.
+OPS = ("reduce", "softmax", "elementwise", "masked", "kl", "gae", "ppo", "sampling", "topk", "linear", "rms_norm",
+       "rotary", "attention", "silu_mul")
+SOURCES = [_HERE / f"{op}.c" for op in OPS]
+HEADERS = sorted(_HERE.glob("*.h"))
+
 # Added to _build.COMMON_FLAGS (-O2 -ffp-contract=off -fno-fast-math): no FMA, no reassociation.
 # -O3 vectorises.  -fno-trapping-math lets gcc if-convert the selects (evaluate
 # both arms, then blend); without it the exp/log loops stay scalar.  It changes
@@ -56,7 +67,7 @@ ISA_BUILDS = {
 
 
 def _spec_defines():
-    """spec.py's constants as -D macros, so canonical.c holds no copy of them to drift."""
+    """spec.py's constants as -D macros, so the C sources hold no copy of them to drift."""
     counts = {name: getattr(spec, name) for name in ("LANES", "SEGMENT", "RECIP_NEWTON_STEPS", "RSQRT_NEWTON_STEPS",
                                                      "PHILOX_ROUNDS", "SAMPLE_STREAM", "UNIFORM_COARSE_MIN")}
     patterns = {name: getattr(spec, name) for name in dir(spec)
@@ -118,7 +129,7 @@ _PPO_AGGS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2}
 
 
 def _unset_is_inf(value):
-    """An optional clamp bound for canonical.c: None becomes +inf, a clamp that changes no value (NaN included)."""
+    """An optional clamp bound for the C ops: None becomes +inf, a clamp that changes no value (NaN included)."""
     return float("inf") if value is None else value
 
 
@@ -157,14 +168,14 @@ def _check(status):
 
 
 class Build:
-    """The contract ops computed by one ISA build of canonical.c (built on first use)."""
+    """The contract ops computed by one ISA build of the C sources (built on first use)."""
 
     def __init__(self, level):
         self.level = level
         self.isa, isa_flags = ISA_BUILDS[level]
         self.flags = FLAGS + isa_flags + _spec_defines()
         self.path = build_shared_library(f"bitparity_cpu_{self.isa.lower().replace('-', '')}",
-                                         _compiler(), [_HERE / "canonical.c"], [], self.flags)
+                                         _compiler(), SOURCES, HEADERS, self.flags)
         self._lib = ctypes.CDLL(str(self.path))
         for fname, (argtypes, restype) in _SIGNATURES.items():
             fn = getattr(self._lib, fname)
@@ -323,7 +334,7 @@ def availability():
     try:
         isa = build().isa
     except (RuntimeError, OSError) as err:
-        return False, f"canonical.c could not be built or loaded: {err}"
+        return False, f"the C sources could not be built or loaded: {err}"
     return True, (f"compiled C (gcc -O3 -ffp-contract=off, {isa} build), "
                   f"{torch.get_num_threads()} threads")
 

@@ -1,6 +1,7 @@
-/* Which instruction-set build of canonical.c this CPU and its OS can run.
- * Built without ISA flags, so it runs anywhere.  libgcc's feature check also
- * asks the OS (XGETBV) whether it saves the wider registers. */
+/* Which instruction-set build of the op library (__init__.py's SOURCES) this
+ * CPU and its OS can run.  Built without ISA flags, so it runs anywhere.
+ * libgcc's feature check also asks the OS (XGETBV) whether it saves the wider
+ * registers. */
 
 /* 2: AVX-512F, 1: AVX2, 0: neither (the architecture's baseline). */
 int bp_isa_level(void)
