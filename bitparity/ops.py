@@ -12,14 +12,33 @@ import numbers
 import numpy as np
 import torch
 
+from . import autograd as _autograd
 from .backends import resolve as _resolve
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _check_layout(name, t):
+    """A dense tensor with data: sparse, mkldnn and nested tensors, and the meta device, are refused here,
+    before anything reads a value (.item(), .min())."""
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor; got layout {t.layout}"
+                        + (" (nested)" if t.is_nested else ""))
+    if t.device.type == "meta":
+        raise ValueError(f"{name} must hold data; got a tensor on the meta device")
+
+
+def _check_on(name, t, owner, device):
+    """A tensor that goes with another is on its device; checked before anything else about it, so a tensor on
+    another device (meta included) is named as such. owner is possessive: "x's", "logits'"."""
+    if isinstance(t, torch.Tensor) and t.device != device:
+        raise ValueError(f"{name} must be on {owner} device, {device}; got {t.device}")
+
+
 def _check_float_tensor(name, x, min_dim):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    _check_layout(name, x)
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32, bfloat16 or float16; got {x.dtype}")
     if x.dim() < min_dim:
@@ -33,12 +52,12 @@ def _check_mask(mask, x):
         return None
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor of dtype bool or None; got {type(mask).__name__}")
+    _check_on("mask", mask, "x's", x.device)
+    _check_layout("mask", mask)
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must have dtype torch.bool (True = counts); got {mask.dtype}")
     if mask.shape != x.shape:
         raise ValueError(f"mask must have the shape of x, {tuple(x.shape)}; got {tuple(mask.shape)}")
-    if mask.device != x.device:
-        raise ValueError(f"mask must be on x's device, {x.device}; got {mask.device}")
     return mask.reshape(-1, x.shape[-1]).contiguous()
 
 
@@ -54,9 +73,19 @@ def _rows(x):
     return x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
 
 
+def _dense(t):
+    """The one layout every backend reads: lazy negation and conjugation applied (a view's raw memory holds
+    the other sign), dense row-major, and each element at an address aligned to its size (torch.frombuffer
+    can give float32 data at an odd address, which the Ascend layout refuses)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.resolve_conj().resolve_neg().contiguous()
+    return t.clone() if t.data_ptr() % t.element_size() else t
+
+
 def _call(op, backend, x, *args):
-    module = _resolve(backend, x.device)
-    return getattr(module, op)(x, *args)
+    """The backend's op on dense inputs, differentiable where spec 26 defines a backward (autograd.py)."""
+    return _autograd.call(op, _resolve(backend, x.device), tuple(_dense(a) for a in (x, *args)))
 
 
 def sum(x, mask=None, *, backend=None):  # noqa: A001 - mirrors torch.sum
@@ -111,12 +140,12 @@ def _check_index_tensor(name, t, shape_name, shape, device, owner="logits'"):
     """An int64 tensor of the given shape on the given device (owner's, in the possessive)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of dtype int64; got {type(t).__name__}")
+    _check_on(name, t, owner, device)
+    _check_layout(name, t)
     if t.dtype != torch.int64:
         raise TypeError(f"{name} must have dtype torch.int64; got {t.dtype}")
     if t.shape != shape:
         raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}; got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {owner} device, {device}; got {t.device}")
     return t.contiguous()
 
 
@@ -201,11 +230,10 @@ def _check_choice(name, value, choices):
 
 
 def _check_same_shape(name, t, like_name, like):
+    _check_on(name, t, f"{like_name}'s", like.device)
     _check_float_tensor(name, t, like.dim())
     if t.shape != like.shape:
         raise ValueError(f"{name} must have the shape of {like_name}, {tuple(like.shape)}; got {tuple(t.shape)}")
-    if t.device != like.device:
-        raise ValueError(f"{name} must be on {like_name}'s device, {like.device}; got {t.device}")
 
 
 def _required_mask(mask, x):
@@ -289,11 +317,10 @@ def gae(rewards, values, mask=None, gamma=1.0, lam=1.0, *, bootstrap=None, mask_
     if bootstrap is None:
         bootstrap = torch.zeros(rewards.shape[0], device=rewards.device)
     else:
+        _check_on("bootstrap", bootstrap, "rewards'", rewards.device)
         _check_float_tensor("bootstrap", bootstrap, 1)
         if bootstrap.shape != rewards.shape[:1]:
             raise ValueError(f"bootstrap must have shape [B] = {tuple(rewards.shape[:1])}; got {tuple(bootstrap.shape)}")
-        if bootstrap.device != rewards.device:
-            raise ValueError(f"bootstrap must be on rewards' device, {rewards.device}; got {bootstrap.device}")
     gamma32, lam32 = np.float32(gamma), np.float32(lam)
     return _call("gae", backend, _rows(rewards), _rows(values), rows_mask, bootstrap.to(torch.float32).contiguous(),
                  float(gamma32), float(gamma32 * lam32), mask_mode)
@@ -338,16 +365,19 @@ def _row_values(name, value, x, integer):
     """A scalar or a per-row tensor of shape x.shape[:-1] -> float64 (or int64) numpy [rows], type-checked."""
     rows = x.numel() // x.shape[-1]
     if isinstance(value, torch.Tensor):
+        _check_on(name, value, "logits'", x.device)
+        _check_layout(name, value)
         kind = "an integer" if integer else "a floating-point"
         if value.dtype == torch.bool or value.is_floating_point() == integer or value.is_complex():
             raise TypeError(f"{name} must be {kind} tensor; got dtype {value.dtype}")
         if value.shape != x.shape[:-1]:
             raise ValueError(f"{name} must be a scalar or a tensor of shape {tuple(x.shape[:-1])} (one per row); "
                              f"got shape {tuple(value.shape)}")
-        if value.device != x.device:
-            raise ValueError(f"{name} must be on logits' device, {x.device}; got {value.device}")
+        if value.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name} is not differentiable (spec 26.1); got a tensor that requires grad: "
+                             f"pass {name}.detach()")
         # Converted by torch first: numpy has no bfloat16, and every other dtype widens exactly.
-        return value.detach().reshape(-1).to(torch.int64 if integer else torch.float64).cpu().numpy()
+        return value.detach().resolve_neg().reshape(-1).to(torch.int64 if integer else torch.float64).cpu().numpy()
     wanted = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, wanted):
         raise TypeError(f"{name} must be {'an integer' if integer else 'a real number'} or a tensor; "
@@ -504,6 +534,7 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
     returned are cand, the running sums of log-probabilities. Requests are independent, bit for bit.
     """
     _check_float_tensor("logits", logits, 2)
+    _autograd.refuse_grad("beam_search_step", logits=logits, beam_scores=beam_scores)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have shape [W, V] or [B, W, V]; got {tuple(logits.shape)}")
     _check_beam_scores(beam_scores, logits)
@@ -520,12 +551,11 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
 
 
 def _check_beam_scores(beam_scores, logits):
+    _check_on("beam_scores", beam_scores, "logits'", logits.device)
     _check_float_tensor("beam_scores", beam_scores, 1)
     if beam_scores.shape != logits.shape[:-1]:
         raise ValueError(f"beam_scores must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])}; "
                          f"got {tuple(beam_scores.shape)}")
-    if beam_scores.device != logits.device:
-        raise ValueError(f"beam_scores must be on logits' device, {logits.device}; got {beam_scores.device}")
 
 
 # -- Model building blocks (spec 24) ---------------------------------------------------
@@ -533,11 +563,10 @@ def _check_beam_scores(beam_scores, logits):
 
 def _check_param(name, t, shape, like_name, like):
     """A float tensor of an exact shape on like's device (a weight, bias or table)."""
+    _check_on(name, t, f"{like_name}'s", like.device)
     _check_float_tensor(name, t, len(shape))
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}; got {tuple(t.shape)}")
-    if t.device != like.device:
-        raise ValueError(f"{name} must be on {like_name}'s device, {like.device}; got {t.device}")
     return t.to(torch.float32).contiguous()
 
 
@@ -545,6 +574,7 @@ def linear(x, weight, bias=None, *, backend=None):
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N], each output the canonical sum over K of the
     rounded products x_k * w_k (spec 24.1): the same bits for any number of rows and any tiling."""
     _check_float_tensor("x", x, 1)
+    _check_on("weight", weight, "x's", x.device)
     _check_float_tensor("weight", weight, 2)
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"weight must have shape [N, K] with K = x.shape[-1] = {x.shape[-1]}; "
@@ -574,14 +604,13 @@ def rotary(x, cos, sin, *, backend=None):
     half = (*x.shape[:-1], x.shape[-1] // 2)
     tables = []
     for name, t in (("cos", cos), ("sin", sin)):
+        _check_on(name, t, "x's", x.device)
         _check_float_tensor(name, t, 1)
         try:
             t = torch.broadcast_to(t, half)
         except RuntimeError:
             raise ValueError(f"{name} must broadcast to x.shape[:-1] + (D/2,) = {half}; "
                              f"got {tuple(t.shape)}") from None
-        if t.device != x.device:
-            raise ValueError(f"{name} must be on x's device, {x.device}; got {t.device}")
         tables.append(_rows(t))
     return _call("rotary", backend, _rows(x), *tables).reshape(x.shape)
 
@@ -616,12 +645,11 @@ def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, H, Tq, D]; got {tuple(q.shape)}")
     batch, heads, tq, d = q.shape
+    _check_on("k", k, "q's", q.device)
     _check_float_tensor("k", k, 4)
     if k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != d:
         raise ValueError(f"k must have shape [B, H, Tk, D] = [{batch}, {heads}, Tk, {d}]; got {tuple(k.shape)}")
     _check_same_shape("v", v, "k", k)
-    if k.device != q.device:
-        raise ValueError(f"k must be on q's device, {q.device}; got {k.device}")
     tk = k.shape[2]
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
@@ -660,9 +688,13 @@ def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None)
     _check_float_tensor("x", x, 2)
     if x.dim() != 2:
         raise ValueError(f"x must have shape [M, D]; got {tuple(x.shape)}")
+    _autograd.refuse_grad("moe", x=x, router_weight=router_weight, gate_proj=gate_proj, up_proj=up_proj,
+                          down_proj=down_proj)
+    _check_on("router_weight", router_weight, "x's", x.device)
     _check_float_tensor("router_weight", router_weight, 2)
     experts = router_weight.shape[0]
     router_weight = _check_param("router_weight", router_weight, (experts, x.shape[1]), "x", x)
+    _check_on("gate_proj", gate_proj, "x's", x.device)
     _check_float_tensor("gate_proj", gate_proj, 3)
     inter = gate_proj.shape[1]
     gate_proj = _check_param("gate_proj", gate_proj, (experts, inter, x.shape[1]), "x", x)

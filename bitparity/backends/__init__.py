@@ -6,6 +6,7 @@ backend unavailable.  The default backend follows the input's device unless
 `use_backend` has set one.
 """
 
+import contextvars
 import importlib
 
 import torch
@@ -13,7 +14,9 @@ import torch
 NAMES = ("cpu", "numpy", "cuda", "ascend", "native")
 
 _modules = {}
-_default = [None]
+# Per thread and per asyncio task: a new thread starts with no backend set, and `with use_backend(...)` in one
+# thread or task never changes what another one sees.
+_default = contextvars.ContextVar("bitparity_backend", default=None)
 
 
 def _module(name):
@@ -65,25 +68,25 @@ def _check_name(name):
 class use_backend:
     """Set the default backend: `use_backend("cuda")` sets it, `with use_backend("cuda"):` sets it for a block.
 
-    `use_backend(None)` returns to choosing by the input's device.
+    `use_backend(None)` returns to choosing by the input's device. The setting belongs to the calling thread
+    (or asyncio task): other threads keep their own, and a new thread starts with none.
     """
 
     def __init__(self, name):
         if name is not None:
             _check_name(name)
-        self._previous = _default[0]
-        _default[0] = name
+        self._token = _default.set(name)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        _default[0] = self._previous
+        _default.reset(self._token)
 
 
 def current_backend():
     """The name set by use_backend, or None when the default follows the input's device."""
-    return _default[0]
+    return _default.get()
 
 
 def _default_for(device):
@@ -98,7 +101,7 @@ def _default_for(device):
 
 def resolve(backend, device):
     """The backend module for a call: the name given, else use_backend's, else the device's default."""
-    name = backend if backend is not None else (_default[0] or _default_for(device))
+    name = backend if backend is not None else (_default.get() or _default_for(device))
     _check_name(name)
     available, reason = availability(name)
     if not available:

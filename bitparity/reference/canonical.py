@@ -297,12 +297,17 @@ def masked_whiten(x, mask, shift_mean, unbiased, eps):
     return np.where(mask, out, F32(0.0))
 
 
-def _k3(d):
-    """e^d - 1 - d without cancellation: d*d * phi(d) by its Taylor series for |d| < 1 (spec 16)."""
+def _k3_phi(d):
+    """phi(d) = (e^d - 1 - d) / d^2 by Horner from the highest degree (spec 16)."""
     phi = _c(spec.K3_SERIES_BITS[0]) * np.ones_like(d)
     for coeff in spec.K3_SERIES_BITS[1:]:
         phi = phi * d + _c(coeff)
-    series = (d * d) * phi
+    return phi
+
+
+def _k3(d):
+    """e^d - 1 - d without cancellation: d*d * phi(d) by its Taylor series for |d| < 1 (spec 16)."""
+    series = (d * d) * _k3_phi(d)
     direct = (exp(d) - F32(1.0)) - d
     out = np.where(np.abs(d) < _c(spec.K3_SERIES_LIMIT_BITS), series, direct)
     return np.where(d == POS_INF, POS_INF, out)
@@ -381,6 +386,153 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         total = masked_mean(masked_mean(loss, mask)[None, :], everything)
     frac = masked_mean(np.where(clipped, F32(1.0), F32(0.0)).reshape(1, -1), mask.reshape(1, -1))
     return total[0], frac[0]
+
+
+# -- Backward (spec 26) ----------------------------------------------------------------
+# Each function takes the forward's inputs (or its output, where spec 26 says so) and the
+# upstream gradient g, and returns the gradient of the first differentiable input.  Entries
+# that do not count (mask False) get +0.0.
+
+def _counted(mask, v):
+    """select(mask, v, +0.0); mask None means every entry counts."""
+    return v if mask is None else np.where(mask, v, F32(0.0))
+
+
+def _log_probs(w):
+    """[R, N] scaled, masked logits -> the forward's log_softmax of them, bit for bit (spec 8.3)."""
+    shift, total, log_total, _ = _softmax_stats(w)
+    out = (w - shift[:, None]) - log_total[:, None]
+    return np.where((total == F32(0.0))[:, None], NEG_INF, out)
+
+
+def logsumexp_backward(x, mask, scale, g):
+    """dx_i = (g * P_i) * scale with P_i = exp(log_softmax_i) (spec 26.2)."""
+    p = exp(_log_probs(_scaled(x, mask, scale)))
+    return _counted(mask, (g[:, None] * p) * F32(scale))
+
+
+def log_softmax_backward(y, mask, scale, g):
+    """From the forward's output y: dx_i = (g_i - exp(y_i) * G) * scale, G = canonical sum of g (spec 26.3)."""
+    big_g = canonical_sum(_counted_or_neg_zero(mask, g))
+    return _counted(mask, (g - exp(y) * big_g[:, None]) * F32(scale))
+
+
+def _counted_or_neg_zero(mask, v):
+    """select(mask, v, -0.0): the summand of a canonical sum over the entries that count."""
+    return v if mask is None else np.where(mask, v, NEG_ZERO)
+
+
+def softmax_backward(p, mask, scale, g):
+    """From the forward's output p: dx_i = (p_i * (g_i - G)) * scale, G = canonical sum of g * p (spec 26.4)."""
+    big_g = canonical_sum(_counted_or_neg_zero(mask, g * p))
+    return _counted(mask, (p * (g - big_g[:, None])) * F32(scale))
+
+
+def entropy_backward(x, mask, scale, h, g):
+    """dx_i = ((q_i * (a_i - H)) * g) * scale with the forward's q_i = e_i * recip, a_i = log S - d_i (spec 26.5)."""
+    w = _scaled(x, mask, scale)
+    shift, _, log_total, recip = _softmax_stats(w)
+    d = w - shift[:, None]
+    e = exp(d)
+    q = e * recip[:, None]
+    a = log_total[:, None] - d
+    out = ((q * (a - h[:, None])) * g[:, None]) * F32(scale)
+    return _counted(mask, np.where(e == F32(0.0), F32(0.0), out))
+
+
+def token_logprobs_backward(x, tokens, scale, g):
+    """dx_i = (select(i == t, g, +0.0) - P_i * g) * scale, P_i = exp(log_softmax_i) (spec 26.6)."""
+    p = exp(_log_probs(_scaled(x, None, scale)))
+    hit = np.arange(x.shape[1])[None, :] == tokens[:, None]
+    return (np.where(hit, g[:, None], F32(0.0)) - p * g[:, None]) * F32(scale)
+
+
+def masked_mean_backward(mask, g):
+    """dx_i = select(m_i, g * R, +0.0), R the forward's 1/count (spec 26.7)."""
+    return np.where(mask, g[:, None] * _count_reciprocal(count(mask))[:, None], F32(0.0))
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+    """The forward's mean, d, 1/divisor and inv, then (spec 26.8):
+    dx = ((g - gbar) - z * c) * inv (+ gbar when shift_mean is False), z = d * inv, c = (gd * rk) * inv."""
+    mean = masked_mean(x, mask)
+    d = x - mean[:, None]
+    ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
+    n = mask.sum(axis=1, dtype=np.int64)
+    rk = reciprocal(np.maximum(n - 1 if unbiased else n, 1).astype(F32))
+    inv = rsqrt(ss * rk + F32(eps))
+    g_bar = masked_mean(g, mask)
+    gd = canonical_sum(np.where(mask, g * d, NEG_ZERO))
+    z = d * inv[:, None]
+    c = (gd * rk) * inv
+    out = ((g - g_bar[:, None]) - z * c[:, None]) * inv[:, None]
+    if not shift_mean:
+        out = out + g_bar[:, None]
+    return np.where(mask, out, F32(0.0))
+
+
+def _k3_derivative(d):
+    """e^d - 1 without cancellation: d + d*d * phi(d) (the forward's series) for |d| < 1 (spec 26.9)."""
+    series = d + (d * d) * _k3_phi(d)
+    direct = exp(d) - F32(1.0)
+    return np.where(np.abs(d) < _c(spec.K3_SERIES_LIMIT_BITS), series, direct)
+
+
+def _outside(v, bound):
+    """v < -bound or v > bound: False for NaN, so a NaN gradient passes every clamp (spec 26.9)."""
+    return (v < F32(-bound)) | (v > F32(bound))
+
+
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+    """[n] -> [n]: the gradient w.r.t. ref_logp; logp's is its sign flip (spec 26.9)."""
+    d0 = ref_logp - logp
+    d = d0 if log_ratio_clamp is None else _nan_clamp(d0, -log_ratio_clamp, log_ratio_clamp)
+    if kind == "k1":
+        gd = -g
+    elif kind == "abs":
+        sign = np.where(d > F32(0.0), F32(1.0), np.where(d < F32(0.0), F32(-1.0), F32(0.0)))
+        gd = g * np.where(d != d, d, sign)
+    elif kind == "k2":
+        gd = g * d
+    else:
+        gd = g * _k3_derivative(d)
+    if clamp is not None:
+        gd = np.where(_outside(kl_penalty(logp, ref_logp, kind, None, log_ratio_clamp), clamp), F32(0.0), gd)
+    if log_ratio_clamp is not None:
+        gd = np.where(_outside(d0, log_ratio_clamp), F32(0.0), gd)
+    return gd
+
+
+def ppo_token_weights(mask, agg, g):
+    """[B, T] -> f32 [B, 1]: d(loss)/d(token loss) of each sequence's counted tokens (spec 26.10)."""
+    rows = F32(mask.shape[0])
+    if agg == "token-mean":
+        weight = np.full(mask.shape[0], g * _count_reciprocal(F32(mask.sum())), dtype=F32)
+    elif agg == "seq-mean-token-sum":
+        weight = np.full(mask.shape[0], g * _count_reciprocal(rows), dtype=F32)
+    else:
+        weight = (g * _count_reciprocal(rows)) * _count_reciprocal(count(mask))
+    return weight[:, None]
+
+
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp,
+                             agg, g):
+    """[B, T] -> f32 [B, T]: the gradient w.r.t. logp; g is the loss's upstream gradient, f32 [1] (spec 26.10).
+
+    A token passes its slope d(loss1)/d(logp) = loss1 unless the clip, the dual clip or the log-ratio
+    clamp holds its loss constant there."""
+    d0 = logp - old_logp
+    d = d0 if ratio_clamp is None else _nan_clamp(d0, -ratio_clamp, ratio_clamp)
+    ratio = exp(d)
+    neg_adv = -advantages
+    loss1 = neg_adv * ratio
+    loss2 = neg_adv * _nan_clamp(ratio, ratio_low, ratio_high)
+    passes = mask & ~(loss2 > loss1)
+    if dual_clip is not None:
+        passes &= ~((advantages < F32(0.0)) & (neg_adv * F32(dual_clip) < np.maximum(loss1, loss2)))
+    if ratio_clamp is not None:
+        passes &= ~_outside(d0, ratio_clamp)
+    return np.where(passes, ppo_token_weights(mask, agg, F32(g[0])) * loss1, F32(0.0))
 
 
 # -- Counter-based random numbers (spec 19) ------------------------------------------

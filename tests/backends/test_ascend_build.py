@@ -346,6 +346,27 @@ def test_op_list_check_catches_a_missing_or_crossed_binding():
 # The model building blocks of the backend contract (spec 24; moe is composed of them in ops.py).
 MODEL_OPS = ("linear", "rms_norm", "rotary", "attention", "silu_mul")
 
+# The backward of the contract (spec 26), and the kernel file each sits in, beside its forward.
+BACKWARD_KERNELS = {
+    "logsumexp_backward": "softmax.cpp", "log_softmax_backward": "softmax.cpp", "softmax_backward": "softmax.cpp",
+    "entropy_backward": "softmax.cpp", "token_logprobs_backward": "softmax.cpp",
+    "masked_mean_backward": "masked.cpp", "masked_whiten_backward": "masked.cpp",
+    "kl_penalty_backward": "kl.cpp", "ppo_policy_loss_backward": "ppo.cpp",
+}
+BACKWARD_OPS = tuple(BACKWARD_KERNELS)
+
+
+def test_backward_ops_are_the_contracts_and_their_kernels_sit_beside_the_forwards():
+    """The nine backward names are the numpy backend's (the contract's) and the ascend backend's, each with an
+    entry point bitparity_<op> in its forward's kernel file (ppo's token weights beside them), so the guards
+    above (API subset, -Werror, one op list) cover them like every forward."""
+    assert {n for n in dir(numpy_backend) if n.endswith("_backward")} == set(BACKWARD_OPS)
+    assert {n for n in dir(ascend) if n.endswith("_backward")} == set(BACKWARD_OPS)
+    for op, file in BACKWARD_KERNELS.items():
+        assert f"bitparity_{op}" in _ENTRY.findall((KERNEL_DIR / file).read_text()), (op, file)
+    assert "bitparity_ppo_token_weights" in _ENTRY.findall((KERNEL_DIR / "ppo.cpp").read_text())
+    assert {f"bitparity_{op}" for op in BACKWARD_OPS} <= kernel_entries()
+
 
 def test_every_contract_op_has_an_npu_path():
     """Each op of the backend contract reaches npu_ops.op() in ascend/__init__.py, directly or through the
@@ -361,8 +382,9 @@ def test_every_contract_op_has_an_npu_path():
         called = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         return any(reaches_npu(c, seen | {name}) for c in called if c in functions and c not in seen)
 
-    contract = [op for op in (*OPS, *MODEL_OPS) if hasattr(numpy_backend, op)]   # beam_search_step, moe: ops.py
-    assert set(MODEL_OPS) <= set(contract)
+    contract = [op for op in (*OPS, *MODEL_OPS, *BACKWARD_OPS)
+                if hasattr(numpy_backend, op)]   # beam_search_step, moe: ops.py
+    assert set(MODEL_OPS) <= set(contract) and set(BACKWARD_OPS) <= set(contract)
     missing = [op for op in contract if op not in functions or not reaches_npu(op, frozenset())]
     assert not missing, f"contract ops with no NPU path in the ascend backend: {missing}"
 

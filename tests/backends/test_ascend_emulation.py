@@ -613,3 +613,143 @@ def test_attention_keys_past_one_chunk_and_one_segment(tq, tk, dim, lengths, cau
     got = host_emulation.attention(q, k, v, lengths, causal, scale)
     assert not got.isnan().any()
     assert torch.equal(_bits(got), _bits(torch.from_numpy(want)))
+
+
+# ---- Backward (spec 26) ------------------------------------------------------------
+
+def _backward_case(rows, cols, seed):
+    """Softmax rows with -inf, NaN, +inf and a fully masked row, RL tokens with NaN, an empty sequence and log-ratios on
+    and past the ±20 clamp, and upstream gradients of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * 4
+    x[0, ::3] = float("-inf")
+    x[1, -1] = float("nan")
+    x[2, 0] = float("inf")
+    mask = torch.rand(rows, cols, generator=g) < 0.8
+    mask[-1] = False
+    tokens = torch.randint(0, cols, (rows,), generator=g)
+    g_rows, g_full = torch.randn(rows, generator=g), torch.randn(rows, cols, generator=g)
+    logp = -torch.rand(rows, cols, generator=g) * 3
+    old = logp + torch.randn(rows, cols, generator=g) * 0.4
+    old[0, :4] = logp[0, :4] - 20.0
+    adv = torch.randn(rows, cols, generator=g)
+    adv[0, 5 % cols] = float("nan")
+    return x, mask, tokens, g_rows, g_full, logp, old, adv
+
+
+def _backward_runs(rows, cols, seed, blocks):
+    """Every backward kernel through host_emulation on `blocks` cores, and the same through reference/canonical.py."""
+    x, mask, tokens, g_rows, g_full, logp, old, adv = _backward_case(rows, cols, seed)
+    scale = float(np.float32(1 / 0.7))
+    xs, ms, gr, gf = x.numpy(), mask.numpy(), g_rows.numpy(), g_full.numpy()
+    ys = canonical.log_softmax(xs, ms, scale)
+    ps = canonical.softmax(xs, None, scale)                 # softmax's backward runs without a mask here
+    hs = canonical.entropy(xs, ms, scale)
+    y, p, h = (torch.from_numpy(np.ascontiguousarray(a)) for a in (ys, ps, hs))
+    lo, hi = float(np.float32(0.8)), float(np.float32(1.28))
+    g1 = torch.tensor([-0.75])
+    got = [
+        host_emulation.softmax_backward("logsumexp", x, mask, scale, g_rows, blocks=blocks),
+        host_emulation.softmax_backward("log_softmax", y, mask, scale, g_full, blocks=blocks),
+        host_emulation.softmax_backward("softmax", p, None, scale, g_full, blocks=blocks),
+        host_emulation.softmax_backward("entropy", x, mask, scale, g_rows, h, blocks=blocks),
+        host_emulation.softmax_backward("token_logprobs", x, tokens, scale, g_rows, blocks=blocks),
+        host_emulation.masked_mean_backward(mask, g_rows, blocks=blocks),
+        host_emulation.masked_whiten_backward(logp, mask, False, True, 1e-8, g_full, blocks=blocks),
+        host_emulation.kl_penalty_backward(logp.flatten(), old.flatten(), 2, 0.5, 20.0, g_full.flatten(),
+                                           blocks=blocks),
+        *(host_emulation.ppo_policy_loss_backward(logp, old, adv, mask, lo, hi, 3.0, 20.0, code, g1, blocks=blocks)
+          for code in range(3)),
+    ]
+    with np.errstate(all="ignore"):
+        want = [
+            canonical.logsumexp_backward(xs, ms, scale, gr),
+            canonical.log_softmax_backward(ys, ms, scale, gf),
+            canonical.softmax_backward(ps, None, scale, gf),
+            canonical.entropy_backward(xs, ms, scale, hs, gr),
+            canonical.token_logprobs_backward(xs, tokens.numpy(), scale, gr),
+            canonical.masked_mean_backward(ms, gr),
+            canonical.masked_whiten_backward(logp.numpy(), ms, False, True, np.float32(1e-8), gf),
+            canonical.kl_penalty_backward(logp.numpy().flatten(), old.numpy().flatten(), "k3", 0.5, 20.0,
+                                          gf.flatten()),
+            *(canonical.ppo_policy_loss_backward(logp.numpy(), old.numpy(), adv.numpy(), ms, lo, hi, 3.0, 20.0, agg,
+                                                 g1.numpy())
+              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")),
+        ]
+    return got, want
+
+
+@pytest.mark.parametrize("rows,cols", ((9, 70), (3, 16385)))
+def test_backward_kernels_core_count_changes_no_bit(rows, cols):
+    """The backward kernels spread rows (or tiles) over cores like the forwards; PPO's token weights run token-mean
+    on one core. One core gives the canonical bits and no core count moves one."""
+    runs = {blocks: _backward_runs(rows, cols, rows + cols, blocks) for blocks in (1, 4, 40)}
+    got, want = runs[1]
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(_bits(a), _bits(torch.from_numpy(np.ascontiguousarray(b)))), f"1 core vs canonical: {i}"
+    for blocks, (results, _) in runs.items():
+        for i, (a, first) in enumerate(zip(results, got)):
+            assert torch.equal(_bits(a), _bits(first)), f"{blocks} cores differ from 1: {i}"
+
+
+def test_backward_limits_are_refused():
+    """PPO's token-mean averages all B * T tokens as one row, so its backward refuses more than MAX_ROW of them,
+    as the forward does; a row past MAX_ROW is refused by every backward."""
+    big = torch.empty(2, host_emulation.MAX_ROW // 2 + 1)
+    mask = torch.empty(big.shape, dtype=torch.bool)
+    code = host_emulation.PPO_AGG_CODES["token-mean"]
+    with pytest.raises(ValueError, match=f"at most {host_emulation.MAX_ROW}"):
+        host_emulation.ppo_policy_loss_backward(big, big, big, mask, 0.8, 1.2, 3.0, 20.0, code, torch.ones(1))
+    long_row = torch.empty(1, host_emulation.MAX_ROW + 1)
+    with pytest.raises(ValueError, match=f"at most {host_emulation.MAX_ROW}"):
+        host_emulation.softmax_backward("softmax", long_row, None, 1.0, long_row)
+    with pytest.raises(ValueError, match=f"at most {host_emulation.MAX_ROW}"):
+        host_emulation.masked_mean_backward(torch.empty(long_row.shape, dtype=torch.bool), torch.ones(1))
+
+
+# softmax.cpp's backward sum G = canonical_sum(select(m, g * p, -0.0)) with each segment's chunks taken last to
+# first: the same terms into the same lanes and the same tree, only the order of each lane's additions changed.
+_G_CHUNK_LOOP = """for (uint32_t c = 0; c < geo.DataChunks(seg); ++c) {
+                uint32_t len = geo.ChunkLength(seg, c);
+                CopyIn(rowStart + geo.ChunkStart(seg, c), len, OP == OutputGradOp::SOFTMAX);"""
+_G_CHUNK_LOOP_REVERSED = """for (uint32_t back = geo.DataChunks(seg); back > 0; --back) {
+                const uint32_t c = back - 1;
+                uint32_t len = geo.ChunkLength(seg, c);
+                CopyIn(rowStart + geo.ChunkStart(seg, c), len, OP == OutputGradOp::SOFTMAX);"""
+_REVERSED_LAUNCHER = """
+extern "C" int run_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                    uint32_t cols, uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_softmax_backward(p, mask, g, out, rows, cols, hasMask, scale); });
+}
+"""
+
+
+def test_backward_bit_test_catches_a_changed_summation_order(tmp_path):
+    """Negative control: softmax.cpp with the softmax backward's G summed chunk by chunk in reverse order builds,
+    runs clean under the emulation's checks, and is caught by the bit comparison that the real kernel passes."""
+    text = (host_emulation.KERNEL_DIR / "softmax.cpp").read_text()
+    assert text.count(_G_CHUNK_LOOP) == 1
+    source = tmp_path / "softmax_reversed_chunks.cpp"
+    source.write_text(text.replace(_G_CHUNK_LOOP, _G_CHUNK_LOOP_REVERSED) + _REVERSED_LAUNCHER)
+    lib = ctypes.CDLL(str(host_emulation.build("bitparity_ascend_reversed_chunks", [source])))
+    lib.bp_emulation_last_error.restype = ctypes.c_char_p
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 16385, generator=gen) * 0.5      # near-uniform p: every chunk weighs in G
+    g_full = torch.randn(4, 16385, generator=gen)
+    mask = torch.rand(4, 16385, generator=gen) < 0.9
+    mask[-1] = False
+    scale = float(np.float32(1 / 0.7))
+    p = torch.from_numpy(canonical.softmax(x.numpy(), mask.numpy(), scale))
+    with np.errstate(all="ignore"):
+        want = torch.from_numpy(canonical.softmax_backward(p.numpy(), mask.numpy(), scale, g_full.numpy()))
+    assert torch.equal(_bits(host_emulation.softmax_backward("softmax", p, mask, scale, g_full)), _bits(want))
+    out = torch.empty_like(p)
+    lib.run_softmax_backward.argtypes = [ctypes.c_uint32, *[ctypes.c_void_p] * 4, ctypes.c_uint32, ctypes.c_uint32,
+                                         ctypes.c_uint32, ctypes.c_float]
+    status = lib.run_softmax_backward(4, p.data_ptr(), mask.data_ptr(), g_full.data_ptr(), out.data_ptr(), 4, 16385, 1,
+                                      scale)
+    assert status == 0, lib.bp_emulation_last_error().decode()
+    assert not torch.equal(_bits(out), _bits(want)), "a reversed chunk order gave the canonical bits"
+    assert torch.equal(_bits(out)[-1], _bits(want)[-1])   # the fully masked row has no sum to reorder

@@ -72,11 +72,62 @@ def _kl_inputs():
     return logp, ref + logp
 
 
+def _gradient(shape, seed):
+    """An upstream gradient (spec 26) of random signs with +-0, +-inf and NaN entries."""
+    rng = np.random.default_rng([seed, *shape, 2])
+    g = rng.standard_normal(shape)
+    k = rng.random(shape)
+    g[k < 0.01] = 0.0
+    g[(k >= 0.01) & (k < 0.02)] = -0.0
+    g[(k >= 0.02) & (k < 0.023)] = np.inf
+    g[(k >= 0.023) & (k < 0.026)] = -np.inf
+    g[(k >= 0.026) & (k < 0.029)] = np.nan
+    return torch.from_numpy(g.astype(F32))
+
+
+BACKWARD_OPS = ("logsumexp_backward", "log_softmax_backward", "softmax_backward", "entropy_backward",
+                "token_logprobs_backward", "masked_mean_backward", "masked_whiten_backward", "kl_penalty_backward",
+                "ppo_policy_loss_backward")
+
+
+def _add_backward_calls(out):
+    """The backward (spec 26) of each differentiable op on its forward's calls, with gradients from _gradient;
+    log_softmax, softmax and entropy's backward read the numpy backend's forward output."""
+    for i, (label, args) in enumerate(out["logsumexp"]):
+        x = args[0]
+        out["logsumexp_backward"].append((label, (*args, _gradient((x.shape[0],), i))))
+    for i, (label, args) in enumerate(out["log_softmax"]):
+        out["log_softmax_backward"].append((label, (reference.log_softmax(*args), *args[1:],
+                                                    _gradient(tuple(args[0].shape), i))))
+    for i, (label, args) in enumerate(out["softmax"]):
+        out["softmax_backward"].append((label, (reference.softmax(*args), *args[1:],
+                                                _gradient(tuple(args[0].shape), i))))
+    for i, (label, args) in enumerate(out["entropy"]):
+        out["entropy_backward"].append((label, (*args, reference.entropy(*args), _gradient((args[0].shape[0],), i))))
+    for i, (label, args) in enumerate(out["token_logprobs"]):
+        out["token_logprobs_backward"].append((label, (*args, _gradient((args[0].shape[0],), i))))
+    for i, (label, (x, m)) in enumerate(out["masked_mean"]):
+        out["masked_mean_backward"].append((label, (m, _gradient((x.shape[0],), i))))
+    for i, (label, args) in enumerate(out["masked_whiten"]):
+        out["masked_whiten_backward"].append((label, (*args, _gradient(tuple(args[0].shape), i))))
+    for i, (label, args) in enumerate(out["kl_penalty"]):
+        out["kl_penalty_backward"].append((label, (*args, _gradient(tuple(args[0].shape), i))))
+    for i, (label, args) in enumerate(out["ppo_policy_loss"]):
+        for g in (0.37, -0.0, np.nan) if i % 4 == 0 else (-1.5,):
+            out["ppo_policy_loss_backward"].append((f"{label} g={g}", (*args, torch.tensor([g], dtype=torch.float32))))
+    empty = torch.zeros(3, 5, dtype=torch.bool)
+    for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        x = _rl_values(3, 5, 9, specials=False)
+        out["ppo_policy_loss_backward"].append((f"all masked {agg}", (x, x, x, empty, 0.8, 1.2, None, None, agg,
+                                                                      torch.ones(1))))
+
+
 @functools.cache
 def calls():
     """op -> [(label, contract arguments)]."""
     out = {op: [] for op in ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs",
-                             "exp", "log", "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss")}
+                             "exp", "log", "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss",
+                             *BACKWARD_OPS)}
     for n in LENGTHS:
         x, mask = cases.make_batch(6, n, seed=n)       # one row of each kind; the masked row is fully masked
         tokens = cases.make_tokens(x, seed=n)
@@ -129,6 +180,7 @@ def calls():
                 out["ppo_policy_loss"].append((f"{agg} specials={specials} clip=({low}, {high}) "
                                                f"dual={dual_clip} ratio_clamp={ratio_clamp}",
                                                (logp, old_logp, advantages, mask, *contract)))
+    _add_backward_calls(out)
     return out
 
 
@@ -160,7 +212,7 @@ def assert_calls_match(op, fn):
 
 
 OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
-       "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss")
+       "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss") + BACKWARD_OPS
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -55,6 +55,15 @@ _ATTENTION = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "lengths_ptr
               "n_groups": "i32", "n_queries": "i32", "n_keys": "i32", "dim": "i32", "n_segments": "i32",
               "d_segments": "i32", "scale": "fp32"}
 _SILU_MUL = {"gate_ptr": "*fp32", "up_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+# Backward (spec 26): the forward's arguments plus the upstream gradient (and the
+# forward's output where the kernel reads it instead of x).
+_SOFTMAX_BACKWARD = {**_SOFTMAX, "g_ptr": "*fp32"}
+_FROM_OUTPUT = {name: {**_SOFTMAX_BACKWARD, "x_ptr": None, f"{output}_ptr": "*fp32"}
+                for name, output in (("log_softmax", "y"), ("softmax", "p"))}
+_MASKED_MEAN_BACKWARD = {"mask_ptr": "*i1", "g_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32"}
+_KL_BACKWARD = {**_KL, "g_ptr": "*fp32"}
+_PPO_BACKWARD = {**_PPO, "loss_ptr": None, "clipped_ptr": None, "mask_ptr": "*i1", "weight_ptr": "*fp32",
+                 "out_ptr": "*fp32"}
 # Long K and long key rows (LANES lanes, 16 segment slots) in GPU tiles
 # (layout.dot_tile, layout.attention_tile): 2 x 2 outputs of linear; one
 # query of attention over D = 16 dims, its output 4 dims per pass.
@@ -114,6 +123,32 @@ KERNELS = {
     # Causal only: the flag adds one integer minimum, no float instruction (and each compile takes seconds).
     "attention": ("attention", "attention_kernel", _ATTENTION, {"CAUSAL": True, **_ATTENTION_LONG}, _NAN_MAX),
     "silu_mul": ("elementwise", "silu_mul_kernel", _SILU_MUL, {"BLOCK": 1024}, _ARITH),
+    "logsumexp_backward": ("softmax", "logsumexp_backward_kernel", _SOFTMAX_BACKWARD,
+                           {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "log_softmax_backward": ("softmax", "log_softmax_backward_kernel", _FROM_OUTPUT["log_softmax"],
+                             {"HAS_MASK": True, **_LONG}, _ARITH),
+    "softmax_backward": ("softmax", "softmax_backward_kernel", _FROM_OUTPUT["softmax"],
+                         {"HAS_MASK": True, **_LONG}, _ARITH),
+    "entropy_backward": ("softmax", "entropy_backward_kernel", {**_SOFTMAX_BACKWARD, "h_ptr": "*fp32"},
+                         {"HAS_MASK": True, **_LONG}, _NAN_MAX),
+    "token_logprobs_backward": ("softmax", "token_logprobs_backward_kernel",
+                                {**_SOFTMAX_BACKWARD, "mask_ptr": None, "tokens_ptr": "*i64"}, _LONG, _NAN_MAX),
+    "masked_mean_backward": ("masked", "masked_mean_backward_kernel", _MASKED_MEAN_BACKWARD,
+                             {"BLOCK_R": 1, "W": 1024}, _NAN_MAX),
+    "masked_whiten_backward": ("masked", "masked_whiten_backward_kernel", {**_ROWS, "g_ptr": "*fp32", "eps": "fp32"},
+                               {"SHIFT_MEAN": False, "UNBIASED": True, **_LONG}, _NAN_MAX),
+    "kl_backward_k3_clamped": ("kl", "kl_penalty_backward_kernel", _KL_BACKWARD, {"KIND": "k3", "BLOCK": 1024},
+                               _NAN_CLAMP),
+    # abs and k2 add nothing: d = ref - logp is their one subtraction.  (k1's
+    # gradient is -g, a sign flip: no float instruction at all.)
+    "kl_backward_abs_clamped": ("kl", "kl_penalty_backward_kernel", _KL_BACKWARD, {"KIND": "abs", "BLOCK": 1024},
+                                ("sub.rn.f32", "mul.rn.f32", "max.NaN.f32", "min.NaN.f32")),
+    "kl_backward_k2_unclamped": ("kl", "kl_penalty_backward_kernel", _KL_BACKWARD,
+                                 {"KIND": "k2", "BLOCK": 1024, "clamp": None, "log_ratio_clamp": None},
+                                 ("sub.rn.f32", "mul.rn.f32")),
+    "ppo_backward_dual_clip": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD, {"BLOCK": 1024}, _NAN_CLAMP),
+    "ppo_backward_unclamped": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD,
+                               {"BLOCK": 1024, "dual_clip": None, "ratio_clamp": None}, _NAN_CLAMP),
 }
 CONTROL = ("control_fused", "control_unfused")
 

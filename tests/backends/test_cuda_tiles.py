@@ -50,3 +50,32 @@ def test_attention_under_other_tiles(monkeypatch, tile, tq, tk, d):
     lengths = torch.tensor([tk, tq, (tq + tk) // 2])
     _same(_module("cuda").attention(q, k, v, lengths, True, 0.3),
           _module("numpy").attention(q, k, v, lengths, True, 0.3))
+
+
+# Rows and elements per program of the row and elementwise kernels (layout.block_rows,
+# layout.block_elements) change no bit either.  The backward kernels (spec 26) under a
+# tile of 2 rows of 7 and of 1 row of 1000, and 16 and 1024 elements per program of the
+# elementwise ones: several programs each time, the last one partial.
+@pytest.mark.parametrize("n_rows,n,tile", [(5, 7, 16), (3, 1000, 1024)])
+def test_backward_under_other_tiles(monkeypatch, n_rows, n, tile):
+    from bitparity.backends.cuda import layout
+
+    monkeypatch.setattr(layout, "INTERPRETER_TILE", tile)
+    cuda, numpy = _module("cuda"), _module("numpy")
+    rng = np.random.default_rng([n_rows, n])
+    x, g, other = _randn(rng, n_rows, n), _randn(rng, n_rows, n), _randn(rng, n_rows, n)
+    g_row = _randn(rng, n_rows)
+    mask = torch.from_numpy(rng.random((n_rows, n)) < 0.7)
+    mask[-1] = False
+    tokens = torch.from_numpy(rng.integers(0, n, n_rows))
+    scale = float(np.float32(1 / 0.7))
+    y, p, h = numpy.log_softmax(x, mask, scale), numpy.softmax(x, mask, scale), numpy.entropy(x, mask, scale)
+    cases = [("logsumexp_backward", x, mask, scale, g_row), ("log_softmax_backward", y, mask, scale, g),
+             ("softmax_backward", p, mask, scale, g), ("entropy_backward", x, mask, scale, h, g_row),
+             ("token_logprobs_backward", x, tokens, scale, g_row), ("masked_mean_backward", mask, g_row),
+             ("masked_whiten_backward", x, mask, True, True, 1e-8, g),
+             ("kl_penalty_backward", x.reshape(-1), other.reshape(-1), "k3", 10.0, 0.5, g.reshape(-1))]
+    cases += [("ppo_policy_loss_backward", x, other, g, mask, 0.8, 1.28, 3.0, 0.3, agg, torch.tensor([0.7]))
+              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")]
+    for name, *args in cases:
+        _same(getattr(cuda, name)(*args), getattr(numpy, name)(*args))

@@ -158,6 +158,67 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     return total.reshape(()), frac.reshape(())
 
 
+# -- Backward (spec 26) ----------------------------------------------------------------
+
+def logsumexp_backward(x, mask, scale, g):
+    if _on_npu():
+        return npu_ops.op("logsumexp_backward")(x, mask, scale, g)
+    return host_emulation.softmax_backward("logsumexp", x, mask, scale, g)
+
+
+def log_softmax_backward(y, mask, scale, g):
+    if _on_npu():
+        return npu_ops.op("log_softmax_backward")(y, mask, scale, g)
+    return host_emulation.softmax_backward("log_softmax", y, mask, scale, g)
+
+
+def softmax_backward(p, mask, scale, g):
+    if _on_npu():
+        return npu_ops.op("softmax_backward")(p, mask, scale, g)
+    return host_emulation.softmax_backward("softmax", p, mask, scale, g)
+
+
+def entropy_backward(x, mask, scale, h, g):
+    if _on_npu():
+        return npu_ops.op("entropy_backward")(x, mask, scale, h, g)
+    return host_emulation.softmax_backward("entropy", x, mask, scale, g, h)
+
+
+def token_logprobs_backward(x, tokens, scale, g):
+    if _on_npu():
+        return npu_ops.op("token_logprobs_backward")(x, tokens, scale, g)
+    return host_emulation.softmax_backward("token_logprobs", x, tokens, scale, g)
+
+
+def masked_mean_backward(mask, g):
+    if _on_npu():
+        return npu_ops.op("masked_mean_backward")(mask, g)
+    return host_emulation.masked_mean_backward(mask, g)
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+    if _on_npu():
+        return npu_ops.op("masked_whiten_backward")(x, mask, shift_mean, unbiased, eps, g)
+    return host_emulation.masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g)
+
+
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+    """The gradient w.r.t. ref_logp; ops.py flips its sign for logp."""
+    args = (logp, ref_logp, _KL_KIND_CODES[kind], _unset_as_inf(clamp), _unset_as_inf(log_ratio_clamp), g)
+    if _on_npu():
+        return npu_ops.op("kl_penalty_backward")(*args)
+    return host_emulation.kl_penalty_backward(*args)
+
+
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, g):
+    """kernels/ppo.cpp's token weights (one per sequence, from g and the counts), then the per-token gradient."""
+    args = (logp, old_logp, advantages, mask, ratio_low, ratio_high, _unset_as_inf(dual_clip),
+            _unset_as_inf(ratio_clamp), host_emulation.PPO_AGG_CODES[agg], g)
+    if _on_npu():
+        return npu_ops.op("ppo_policy_loss_backward")(*args)
+    return host_emulation.ppo_policy_loss_backward(*args)
+
+
 def _as_words(t):
     """int64 values in [0, 2**32) -> the same uint32 words as int32 (what the kernel reads)."""
     return torch.where(t >= 2**31, t - 2**32, t).to(torch.int32).contiguous()

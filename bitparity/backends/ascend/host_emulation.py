@@ -54,6 +54,8 @@ LINEAR_MAX_COLUMNS = 1024
 
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 _SOFTMAX = [_U32, _P, _P, _P, _U32, _U32, _U32, _F32]    # blocks, x, mask, out, rows, cols, hasMask, scale
+_SOFTMAX_GRAD = [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _F32]   # blocks, x or y, mask, g, out, rows, cols, hasMask,
+                                                                 # scale
 _SIGNATURES = {
     "bp_sum": [_U32, _P, _P, _P, _U32, _U32, _U32],
     "bp_logsumexp": _SOFTMAX,
@@ -78,6 +80,21 @@ _SIGNATURES = {
     "bp_attention": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _U32, _F32],  # blocks, q, kT, v, kv_lengths,
                                                                          # out, groups, tq, tk, d, causal, scale
     "bp_silu_mul": [_U32, _P, _P, _P, _U32],                             # blocks, gate, up, out, n
+    # Backward (spec 26)
+    "bp_logsumexp_backward": _SOFTMAX_GRAD,
+    "bp_log_softmax_backward": _SOFTMAX_GRAD,
+    "bp_softmax_backward": _SOFTMAX_GRAD,
+    "bp_entropy_backward": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _F32],   # blocks, x, mask, h, g, out, ...
+    "bp_token_logprobs_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _F32],      # blocks, x, tokens, g, out, rows,
+                                                                                 # cols, scale
+    "bp_masked_mean_backward": [_U32, _P, _P, _P, _U32, _U32],                   # blocks, mask, g, out, rows, cols
+    "bp_masked_whiten_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _F32],  # blocks, x, mask, g, out,
+                                                                                 # rows, cols, shiftMean, unbiased, eps
+    "bp_kl_penalty_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _F32, _F32],    # blocks, logp, ref, g, out, n, kind,
+                                                                                 # clamps
+    "bp_ppo_policy_loss_backward": [_U32, _U32, _P, _P, _P, _P, _P, _P, _P, _U32, _U32, _U32, _F32, _F32, _F32,
+                                    _F32],  # weightBlocks, blocks, logp, old, adv, mask, g, weights, out, rows, cols,
+                                            # agg, ratioLow, ratioHigh, dualClip, ratioClamp
 }
 
 _lock = threading.Lock()
@@ -335,6 +352,86 @@ def silu_mul(gate, up, blocks=None):
     out = torch.empty_like(gate)
     tiles = -(-n // spec.LANES)
     check(lib, lib.bp_silu_mul(_blocks(tiles, blocks), gate.data_ptr(), up.data_ptr(), out.data_ptr(), n))
+    return out
+
+
+# ---- Backward (spec 26) ------------------------------------------------------------
+
+# ops.PPO_AGGS as kernels/ppo.cpp's PpoAgg codes.
+PPO_AGG_CODES = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2}
+
+
+def softmax_backward(op, x, other, scale, g, h=None, blocks=None):
+    """[R, N] -> dx [R, N] (spec 26.2-26.6).  op: logsumexp and entropy (x, other = mask or None, g [R],
+    entropy's h [R]), log_softmax and softmax (x = the forward's output, other = mask or None, g [R, N]),
+    token_logprobs (x, other = tokens int64 [R], g [R])."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    head = [_blocks(rows, blocks), x.data_ptr(), _ptr(other)]
+    if op == "token_logprobs":
+        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols, scale]
+    elif op == "entropy":
+        args = [*head, h.data_ptr(), g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None), scale]
+    else:
+        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None), scale]
+    check(lib, getattr(lib, f"bp_{op}_backward")(*args))
+    return out
+
+
+def masked_mean_backward(mask, g, blocks=None):
+    """mask [R, N], g [R] -> dx [R, N] (spec 26.7)."""
+    lib = library()
+    rows, cols = _dims(mask)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_masked_mean_backward(_blocks(rows, blocks), mask.data_ptr(), g.data_ptr(), out.data_ptr(),
+                                           rows, cols))
+    return out
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g, blocks=None):
+    """x, mask, g [R, N] -> dx [R, N] (spec 26.8)."""
+    lib = library()
+    rows, cols = _dims(x)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_masked_whiten_backward(_blocks(rows, blocks), x.data_ptr(), mask.data_ptr(), g.data_ptr(),
+                                             out.data_ptr(), rows, cols, int(shift_mean), int(unbiased), eps))
+    return out
+
+
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g, blocks=None):
+    """[n] -> the gradient w.r.t. ref_logp [n] (spec 26.9); kind a KlKind code, an unset clamp +inf."""
+    lib = library()
+    n = _flat_count(logp)
+    out = torch.empty_like(logp)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_kl_penalty_backward(_blocks(tiles, blocks), logp.data_ptr(), ref_logp.data_ptr(), g.data_ptr(),
+                                          out.data_ptr(), n, kind, clamp, log_ratio_clamp))
+    return out
+
+
+def ppo_weight_blocks(agg, rows, blocks=None):
+    """Cores of kernels/ppo.cpp's token-weight launch: one for token-mean, which counts the whole mask."""
+    return 1 if agg == PPO_AGG_CODES["token-mean"] else _blocks(rows, blocks)
+
+
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg,
+                             g, blocks=None):
+    """[B, T] -> the gradient w.r.t. logp [B, T] (spec 26.10); agg a PpoAgg code, g f32 [1], an unset dual clip or
+    clamp +inf.  The forward's limits hold: token-mean averages all B * T tokens as one row, the sequence modes
+    rows of T and then one row of B."""
+    lib = library()
+    rows, cols = _dims(logp)
+    longest = rows * cols if agg == PPO_AGG_CODES["token-mean"] else max(rows, cols)
+    if longest > MAX_ROW:
+        raise ValueError(f"the Ascend C kernels take rows of at most {MAX_ROW} floats (the PPO mean runs over all "
+                         f"B * T tokens for token-mean, over B sequences otherwise); got {rows} x {cols}")
+    weights = torch.empty(rows, dtype=torch.float32)
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_ppo_policy_loss_backward(ppo_weight_blocks(agg, rows, blocks), _blocks(rows, blocks),
+                                               logp.data_ptr(), old_logp.data_ptr(), advantages.data_ptr(),
+                                               mask.data_ptr(), g.data_ptr(), weights.data_ptr(), out.data_ptr(), rows,
+                                               cols, agg, ratio_low, ratio_high, dual_clip, ratio_clamp))
     return out
 
 

@@ -84,6 +84,7 @@ def _spec_defines():
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _ROW_OP = ([_P, _P, _I64, _I64, _F32, _P, _INT], _INT)   # x, mask|tokens, rows, n, scale, out, threads
+_ROW_BACKWARD = ([_P, _P, _P, _I64, _I64, _F32, _P, _INT], _INT)   # x|y|p, mask|tokens, g, rows, n, scale, out, threads
 _SIGNATURES = {
     "bp_sum": ([_P, _P, _I64, _I64, _P, _INT], _INT),
     "bp_logsumexp": _ROW_OP,
@@ -121,6 +122,22 @@ _SIGNATURES = {
     "bp_attention": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT, _F32, _P, _INT], _INT),
     # gate, up, n, out, threads
     "bp_silu_mul": ([_P, _P, _I64, _P, _INT], None),
+    # Backward (spec 26): every result is the gradient of the first input, out [rows, n]
+    "bp_logsumexp_backward": _ROW_BACKWARD,
+    "bp_log_softmax_backward": _ROW_BACKWARD,
+    "bp_softmax_backward": _ROW_BACKWARD,
+    # x, mask, h, g, rows, n, scale, out, threads
+    "bp_entropy_backward": ([_P, _P, _P, _P, _I64, _I64, _F32, _P, _INT], _INT),
+    "bp_token_logprobs_backward": _ROW_BACKWARD,
+    # mask, g, rows, n, out, threads
+    "bp_masked_mean_backward": ([_P, _P, _I64, _I64, _P, _INT], _INT),
+    # x, mask, g, rows, n, shift_mean, unbiased, eps, out, threads
+    "bp_masked_whiten_backward": ([_P, _P, _P, _I64, _I64, _INT, _INT, _F32, _P, _INT], _INT),
+    # logp, ref_logp, g, n, kind, clamp, log_ratio_clamp, out, threads
+    "bp_kl_penalty_backward": ([_P, _P, _P, _I64, _INT, _F32, _F32, _P, _INT], None),
+    # logp, old_logp, advantages, mask, g[1], B, T, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, out, threads
+    "bp_ppo_policy_loss_backward": ([_P, _P, _P, _P, _P, _I64, _I64, _F32, _F32, _F32, _F32, _INT, _P, _INT],
+                                    _INT),
 }
 
 # The C enums kl_kind and ppo_agg.
@@ -314,6 +331,66 @@ class Build:
         self._lib.bp_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), _threads(gate.numel()))
         return out
 
+    # -- Backward (spec 26) --------------------------------------------------------------------------
+
+    def _row_backward(self, fname, x, other, g, scale):
+        """A softmax-family backward: out f32[R, N], the gradient of x; other is the mask (or None) or the tokens."""
+        out = torch.empty_like(x)
+        rows, n = x.shape
+        _check(getattr(self._lib, fname)(x.data_ptr(), None if other is None else other.data_ptr(), g.data_ptr(),
+                                         rows, n, scale, out.data_ptr(), _threads(x.numel())))
+        return out
+
+    def logsumexp_backward(self, x, mask, scale, g):
+        return self._row_backward("bp_logsumexp_backward", x, mask, g, scale)
+
+    def log_softmax_backward(self, y, mask, scale, g):
+        return self._row_backward("bp_log_softmax_backward", y, mask, g, scale)
+
+    def softmax_backward(self, p, mask, scale, g):
+        return self._row_backward("bp_softmax_backward", p, mask, g, scale)
+
+    def entropy_backward(self, x, mask, scale, h, g):
+        out = torch.empty_like(x)
+        rows, n = x.shape
+        _check(self._lib.bp_entropy_backward(x.data_ptr(), None if mask is None else mask.data_ptr(), h.data_ptr(),
+                                             g.data_ptr(), rows, n, scale, out.data_ptr(), _threads(x.numel())))
+        return out
+
+    def token_logprobs_backward(self, x, tokens, scale, g):
+        return self._row_backward("bp_token_logprobs_backward", x, tokens, g, scale)
+
+    def masked_mean_backward(self, mask, g):
+        out = torch.empty(mask.shape, dtype=torch.float32)
+        rows, n = mask.shape
+        _check(self._lib.bp_masked_mean_backward(mask.data_ptr(), g.data_ptr(), rows, n, out.data_ptr(),
+                                                 _threads(mask.numel())))
+        return out
+
+    def masked_whiten_backward(self, x, mask, shift_mean, unbiased, eps, g):
+        out = torch.empty_like(x)
+        rows, n = x.shape
+        _check(self._lib.bp_masked_whiten_backward(x.data_ptr(), mask.data_ptr(), g.data_ptr(), rows, n, shift_mean,
+                                                   unbiased, eps, out.data_ptr(), _threads(x.numel())))
+        return out
+
+    def kl_penalty_backward(self, logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+        out = torch.empty_like(logp)
+        self._lib.bp_kl_penalty_backward(logp.data_ptr(), ref_logp.data_ptr(), g.data_ptr(), logp.numel(),
+                                         _KL_KINDS[kind], _unset_is_inf(clamp), _unset_is_inf(log_ratio_clamp),
+                                         out.data_ptr(), _threads(logp.numel()))
+        return out
+
+    def ppo_policy_loss_backward(self, logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip,
+                                 ratio_clamp, agg, g):
+        out = torch.empty_like(logp)
+        b, t = logp.shape
+        _check(self._lib.bp_ppo_policy_loss_backward(logp.data_ptr(), old_logp.data_ptr(), advantages.data_ptr(),
+                                                     mask.data_ptr(), g.data_ptr(), b, t, ratio_low, ratio_high,
+                                                     _unset_is_inf(dual_clip), _unset_is_inf(ratio_clamp),
+                                                     _PPO_AGGS[agg], out.data_ptr(), _threads(logp.numel())))
+        return out
+
 
 _lock = threading.Lock()
 _builds = {}
@@ -426,3 +503,40 @@ def attention(q, k, v, kv_lengths, causal, scale):
 
 def silu_mul(gate, up):
     return build().silu_mul(gate, up)
+
+
+def logsumexp_backward(x, mask, scale, g):
+    return build().logsumexp_backward(x, mask, scale, g)
+
+
+def log_softmax_backward(y, mask, scale, g):
+    return build().log_softmax_backward(y, mask, scale, g)
+
+
+def softmax_backward(p, mask, scale, g):
+    return build().softmax_backward(p, mask, scale, g)
+
+
+def entropy_backward(x, mask, scale, h, g):
+    return build().entropy_backward(x, mask, scale, h, g)
+
+
+def token_logprobs_backward(x, tokens, scale, g):
+    return build().token_logprobs_backward(x, tokens, scale, g)
+
+
+def masked_mean_backward(mask, g):
+    return build().masked_mean_backward(mask, g)
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+    return build().masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g)
+
+
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+    return build().kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g)
+
+
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, g):
+    return build().ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip,
+                                            ratio_clamp, agg, g)

@@ -10,7 +10,13 @@
  * accumulation + halving tree (spec 3), segment partials, the NaN-propagating
  * maximum (spec 4), exp (spec 5), log (spec 6), the reciprocal (spec 7), and
  * for the RL operators rsqrt (spec 15.2) and the masked mean (spec 15.1),
- * which whitening and the PPO loss reuse.  What several ops share beyond them
+ * which whitening and the PPO loss reuse; and for the backward (spec 26), the
+ * +0.0 of entries that do not count (counted), the clamp-edge test (outside)
+ * and element passes over (row, segment) items (run_row_segments).  Each
+ * backward sits in its forward's file and reuses the forward's pieces (the
+ * softmax statistics, entropy_parts, count_reciprocal, the KL series, the
+ * PPO token terms), so its statistics are the forward's bits.  What several
+ * ops share beyond them
  * is written once too: in softmax_stats.h (spec 8.2's row statistics:
  * softmax.c, attention.c), selection.h (spec 21's order keys, k-th largest
  * key and selection scratch: topk.c, sampling.c) and dot_panels.h (spec 24's
@@ -206,9 +212,11 @@ static inline float halving_tree(float *acc, int64_t w)
  * inlined functions below, so each use compiles to its own branch-free loop. */
 enum term {
     TERM_MASKED_X,      /* sum op, masked means: mask ? x : -0.0 */
-    TERM_ENTROPY,       /* entropy: e == 0 ? -0.0 : (e * recip) * (log_total - d), d = w - shift, e = exp(d) */
+    TERM_ENTROPY,       /* entropy: e == 0 ? -0.0 : q * a (entropy_parts) */
     TERM_SQ_DEV,        /* whitening: mask ? (x - mean) * (x - mean) : -0.0 */
     TERM_SQUARE,        /* rms_norm: x * x */
+    TERM_MASKED_YX,     /* softmax backward's G: mask ? y * x : -0.0 (y = g, x = p) */
+    TERM_MASKED_Y_DEV,  /* whitening backward's gd: mask ? y * (x - mean) : -0.0 (y = g) */
 };
 
 struct term_args {
@@ -222,7 +230,25 @@ ALWAYS_INLINE float scaled(const float *x, const uint8_t *mask, int64_t i, float
     return mask && !mask[i] ? NEG_INF : w;
 }
 
-ALWAYS_INLINE float term_value(enum term kind, const float *x, const uint8_t *mask, int64_t i,
+/* Spec 8.4's pieces of one entry of a softmax row, which entropy's term (TERM_ENTROPY) and entropy's
+ * backward (spec 26.5) both use, so they are written once: d = w - shift, e = exp(d), q = e * recip
+ * (the probability), a = log_total - d (-log of it, without cancellation). */
+struct entropy_parts {
+    float e, q, a;
+};
+
+ALWAYS_INLINE struct entropy_parts entropy_parts(float w, float shift, float recip, float log_total)
+{
+    struct entropy_parts p;
+    float d = w - shift;
+    p.e = canonical_exp(d);
+    p.q = p.e * recip;
+    p.a = log_total - d;
+    return p;
+}
+
+/* Term i of a sum over x (and y, the second array of the two-array kinds; NULL for the others). */
+ALWAYS_INLINE float term_value(enum term kind, const float *x, const float *y, const uint8_t *mask, int64_t i,
                                const struct term_args *a)
 {
     if (kind == TERM_MASKED_X)
@@ -233,10 +259,12 @@ ALWAYS_INLINE float term_value(enum term kind, const float *x, const uint8_t *ma
         float d = x[i] - a->mean;
         return mask && !mask[i] ? NEG_ZERO : d * d;
     }
-    float d = scaled(x, mask, i, a->scale) - a->shift;
-    float e = canonical_exp(d);
-    float t = (e * a->recip) * (a->log_total - d);
-    return e == 0.0f ? NEG_ZERO : t;
+    if (kind == TERM_MASKED_YX)
+        return mask && !mask[i] ? NEG_ZERO : y[i] * x[i];
+    if (kind == TERM_MASKED_Y_DEV)
+        return mask && !mask[i] ? NEG_ZERO : y[i] * (x[i] - a->mean);
+    struct entropy_parts p = entropy_parts(scaled(x, mask, i, a->scale), a->shift, a->recip, a->log_total);
+    return p.e == 0.0f ? NEG_ZERO : p.q * p.a;
 }
 
 /* Sum of terms [0:len] (one segment, len <= SEGMENT) in the canonical order:
@@ -244,17 +272,18 @@ ALWAYS_INLINE float term_value(enum term kind, const float *x, const uint8_t *ma
  * (the exact identity, so this equals starting from term j), then the halving
  * tree over W lanes.  Lanes past the data keep -0.0, the padding (spec 3.2).
  * lanes: scratch of W floats. */
-ALWAYS_INLINE float segment_sum(enum term kind, const float *x, const uint8_t *mask, int64_t len,
-                                int64_t w, const struct term_args *a, float *lanes)
+ALWAYS_INLINE float segment_sum(enum term kind, const float *x, const float *y, const uint8_t *mask,
+                                int64_t len, int64_t w, const struct term_args *a, float *lanes)
 {
     for (int64_t j = 0; j < w; j++)
         lanes[j] = NEG_ZERO;
     for (int64_t c = 0; c < len; c += w) {
         int64_t m = len - c < w ? len - c : w;
         const float *xc = x + c;
+        const float *yc = y ? y + c : NULL;
         const uint8_t *mc = mask ? mask + c : NULL;
         for (int64_t j = 0; j < m; j++)
-            lanes[j] = lanes[j] + term_value(kind, xc, mc, j, a);
+            lanes[j] = lanes[j] + term_value(kind, xc, yc, mc, j, a);
     }
     return halving_tree(lanes, w);
 }
@@ -276,15 +305,16 @@ static inline float combine_partials(float *partials, int64_t g)
     return partials[0];
 }
 
-/* Canonical sum of one row of n terms: segment partials, then combine_partials. */
-ALWAYS_INLINE float row_sum(enum term kind, const float *x, const uint8_t *mask, int64_t n,
+/* Canonical sum of one row of n terms: segment partials, then combine_partials.  y: the second
+ * array of the two-array kinds, or NULL. */
+ALWAYS_INLINE float row_sum(enum term kind, const float *x, const float *y, const uint8_t *mask, int64_t n,
                             const struct term_args *a, float *lanes, float *partials)
 {
     int64_t w = lane_width(n);
     int64_t g = 0;
     for (int64_t s = 0; s < n; s += BP_SEGMENT, g++) {
         int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
-        partials[g] = segment_sum(kind, x + s, mask ? mask + s : NULL, len, w, a, lanes);
+        partials[g] = segment_sum(kind, x + s, y ? y + s : NULL, mask ? mask + s : NULL, len, w, a, lanes);
     }
     return combine_partials(partials, g);
 }
@@ -333,6 +363,19 @@ ALWAYS_INLINE float clamp_prop(float v, float low, float high) { return min_prop
 
 ALWAYS_INLINE float abs_f32(float v) { return float_of(bits_of(v) & 0x7FFFFFFFu); }
 
+/* v < -bound or v > bound: where a clamp to [-bound, bound] holds v constant, so its gradient is 0
+ * (spec 26.9, 26.10).  A value on a bound is inside (torch's clamp passes its gradient there); NaN
+ * compares false and passes; an unset clamp (+inf) holds nothing. */
+ALWAYS_INLINE int outside(float v, float bound) { return v < -bound || v > bound; }
+
+/* -- Backward (spec 26) ------------------------------------------------------ */
+
+/* select(mask_i, v, +0.0): entries that do not count get +0.0 (spec 26.1); mask NULL: all count. */
+ALWAYS_INLINE float counted(const uint8_t *mask, int64_t i, float v)
+{
+    return mask && !mask[i] ? 0.0f : v;
+}
+
 /* -- Masked sums and means (spec 15.1) ------------------------------------ */
 
 /* Number of counted entries of mask[0:len] (all len without a mask): an exact integer. */
@@ -346,23 +389,31 @@ ALWAYS_INLINE int64_t count_true(const uint8_t *mask, int64_t len)
     return c;
 }
 
-/* sum * R + 0.0 with R = 0 for an empty row, else reciprocal(n), n the count
- * rounded once to float32 (spec 15.1: an empty mean is +0.0). */
-static inline float mean_of(float sum, int64_t count)
+/* R = 0 for an empty row, else reciprocal(n), n the exact count rounded once to float32: the masked
+ * mean's factor (spec 15.1), and the weight of each entry in its backward (spec 26.7, 26.10). */
+static inline float count_reciprocal(int64_t count)
 {
-    float r = count == 0 ? 0.0f : canonical_reciprocal((float)count);
-    return sum * r + 0.0f;
+    return count == 0 ? 0.0f : canonical_reciprocal((float)count);
 }
 
-/* Canonical sums of the terms of each row of x [rows, n], and (counts != NULL)
- * each row's exact count of counted entries.  The work items are (row,
- * segment) pairs, not rows: each segment's partial is computed alone and a
- * row's partials are then folded by combine_partials, which is row_sum's
- * order, so a dim=None reduction (one row [1, B*T]) spreads over every thread
- * with the same bits.  args: one per row (TERM_SQ_DEV's mean), or NULL.
+/* sum * R + 0.0 (spec 15.1: an empty mean is +0.0). */
+static inline float mean_of(float sum, int64_t count)
+{
+    return sum * count_reciprocal(count) + 0.0f;
+}
+
+/* Canonical sums of the terms of each row of x [rows, n] (kind TERM_MASKED_X,
+ * TERM_SQ_DEV or TERM_MASKED_Y_DEV; y [rows, n] the second array of the last,
+ * else NULL), and (counts != NULL) each row's exact count of counted entries;
+ * x == NULL: the counts only.  The work items are (row, segment) pairs, not
+ * rows: each segment's partial is computed alone and a row's partials are then
+ * folded by combine_partials, which is row_sum's order, so a dim=None
+ * reduction (one row [1, B*T]) spreads over every thread with the same bits.
+ * args: one per row (the mean of the _DEV kinds), or NULL.
  * Returns 0, or -1 if scratch could not be allocated. */
-static inline int masked_row_sums(enum term kind, const float *x, const uint8_t *mask, int64_t rows, int64_t n,
-                                  const struct term_args *args, float *sums, int64_t *counts, int nthreads)
+static inline int masked_row_sums(enum term kind, const float *x, const float *y, const uint8_t *mask,
+                                  int64_t rows, int64_t n, const struct term_args *args, float *sums,
+                                  int64_t *counts, int nthreads)
 {
     const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
@@ -380,16 +431,21 @@ static inline int masked_row_sums(enum term kind, const float *x, const uint8_t 
         float lanes[BP_LANES];
         int64_t r = item / g, seg = item % g, s = seg * BP_SEGMENT;
         int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
-        const float *xs = x + r * n + s;
         const uint8_t *ms = mask ? mask + r * n + s : NULL;
+        seg_counts[item] = count_true(ms, len);
+        if (x == NULL)
+            continue;
+        const float *xs = x + r * n + s;
+        const float *ys = y ? y + r * n + s : NULL;
         const struct term_args *a = args ? &args[r] : &none;
         /* one inlined loop per term kind, each compiled for its constant kind */
-        partials[r * gp + seg] = kind == TERM_SQ_DEV ? segment_sum(TERM_SQ_DEV, xs, ms, len, w, a, lanes)
-                                                     : segment_sum(TERM_MASKED_X, xs, ms, len, w, a, lanes);
-        seg_counts[item] = count_true(ms, len);
+        partials[r * gp + seg] = kind == TERM_SQ_DEV ? segment_sum(TERM_SQ_DEV, xs, NULL, ms, len, w, a, lanes)
+                               : kind == TERM_MASKED_Y_DEV ? segment_sum(TERM_MASKED_Y_DEV, xs, ys, ms, len, w, a, lanes)
+                               : segment_sum(TERM_MASKED_X, xs, NULL, ms, len, w, a, lanes);
     }
     for (int64_t r = 0; r < rows; r++) {
-        sums[r] = combine_partials(partials + r * gp, g);
+        if (x != NULL)
+            sums[r] = combine_partials(partials + r * gp, g);
         if (counts) {
             counts[r] = 0;
             for (int64_t seg = 0; seg < g; seg++)
@@ -406,11 +462,27 @@ static inline int masked_row_sums(enum term kind, const float *x, const uint8_t 
 static inline int masked_mean_rows(const float *x, const uint8_t *mask, int64_t rows, int64_t n,
                                    float *means, int64_t *counts, int nthreads)
 {
-    if (masked_row_sums(TERM_MASKED_X, x, mask, rows, n, NULL, means, counts, nthreads) != 0)
+    if (masked_row_sums(TERM_MASKED_X, x, NULL, mask, rows, n, NULL, means, counts, nthreads) != 0)
         return -1;
     for (int64_t r = 0; r < rows; r++)
         means[r] = mean_of(means[r], counts[r]);
     return 0;
+}
+
+/* A pass over the entries of rows [rows, n]: fn(ctx, r, start, end) for each row r and each segment
+ * [start, end) of it, as (row, segment) work items like masked_row_sums, so one long row (dim=None)
+ * spreads over every thread.  Each entry is written by exactly one item from the same operands, so no
+ * bit depends on the split. */
+typedef void span_fn(const void *ctx, int64_t r, int64_t start, int64_t end);
+
+static inline void run_row_segments(span_fn *fn, const void *ctx, int64_t rows, int64_t n, int nthreads)
+{
+    int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t item = 0; item < rows * g; item++) {
+        int64_t r = item / g, s = (item % g) * BP_SEGMENT;
+        fn(ctx, r, s, n - s < BP_SEGMENT ? n : s + BP_SEGMENT);
+    }
 }
 
 /* -- Row ops (docs/backend-contract.md) ------------------------------------ */
@@ -422,7 +494,9 @@ struct scratch {
 
 /* The arguments of a row op: x: f32[rows, n]; mask: u8[rows, n] or NULL;
  * tokens: i64[rows] or NULL; out: f32[rows, n] or f32[rows]; op: which op of
- * the row function's family (softmax.c's enum op). */
+ * the row function's family (softmax.c's enum op); for a backward, g: the
+ * upstream gradient (f32[rows, n] or f32[rows]) and h: entropy's output
+ * f32[rows] (else NULL). */
 struct row_args {
     const float *x;
     const uint8_t *mask;
@@ -431,6 +505,7 @@ struct row_args {
     float scale;
     int op;
     float *out;
+    const float *g, *h;
 };
 
 /* Row r of a row op, with its thread's scratch. */

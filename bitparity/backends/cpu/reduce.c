@@ -11,9 +11,9 @@ static void sum_row(const struct row_args *a, int64_t r, const struct scratch *s
     const float *xr = a->x + r * n;
     /* two inlined copies, so each inner loop is compiled knowing whether a mask exists */
     if (a->mask)
-        a->out[r] = row_sum(TERM_MASKED_X, xr, a->mask + r * n, n, &none, sc->lanes, sc->seg_rest);
+        a->out[r] = row_sum(TERM_MASKED_X, xr, NULL, a->mask + r * n, n, &none, sc->lanes, sc->seg_rest);
     else
-        a->out[r] = row_sum(TERM_MASKED_X, xr, NULL, n, &none, sc->lanes, sc->seg_rest);
+        a->out[r] = row_sum(TERM_MASKED_X, xr, NULL, NULL, n, &none, sc->lanes, sc->seg_rest);
 }
 
 int bp_sum(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float *out, int nthreads)

@@ -23,7 +23,7 @@ int bp_rms_norm(const float *x, const float *weight, int64_t rows, int64_t d, fl
                 continue;
             const float *xr = x + r * d;
             float *orow = out + r * d;
-            float ms = row_sum(TERM_SQUARE, xr, NULL, d, &none, lanes, lanes + BP_LANES) * inv_d;
+            float ms = row_sum(TERM_SQUARE, xr, NULL, NULL, d, &none, lanes, lanes + BP_LANES) * inv_d;
             float rs = canonical_rsqrt(ms + eps);
             for (int64_t i = 0; i < d; i++)
                 orow[i] = (xr[i] * rs) * weight[i];

@@ -99,4 +99,13 @@ ALWAYS_INLINE struct stats softmax_stats(const float *x, const uint8_t *mask, in
     return st;
 }
 
+/* Spec 8.3's log-probability of an entry whose scaled logit is w: (w - shift) - log_total, or -inf in a
+ * row whose total is 0.  It is log_softmax's output and token_logprobs', and the log family's backward
+ * takes its probability P = exp(log_prob) (spec 26.1), so all three read these bits. */
+ALWAYS_INLINE float log_prob(float w, struct stats st)
+{
+    float lp = (w - st.shift) - st.log_total;
+    return st.total == 0.0f ? NEG_INF : lp;
+}
+
 #endif /* BP_CPU_SOFTMAX_STATS_H */

@@ -34,22 +34,26 @@ else:
     from .attention import attention
     from .elementwise import exp, log, silu_mul
     from .gae import gae
-    from .kl import kl_penalty
+    from .kl import kl_penalty, kl_penalty_backward
     from .linear import linear
-    from .masked import masked_mean, masked_whiten
-    from .ppo import ppo_policy_loss
+    from .masked import masked_mean, masked_mean_backward, masked_whiten, masked_whiten_backward
+    from .ppo import ppo_policy_loss, ppo_policy_loss_backward
     from .reduce import sum  # noqa: A004 - the op's public name
     from .rms_norm import rms_norm
     from .rotary import rotary
     from .sampling import filter_logits, philox, sample
-    from .softmax import entropy, log_softmax, logsumexp, softmax, token_logprobs
+    from .softmax import (entropy, entropy_backward, log_softmax, log_softmax_backward, logsumexp,
+                          logsumexp_backward, softmax, softmax_backward, token_logprobs, token_logprobs_backward)
     from .topk import topk
 
     __all__ = ["NAME", "availability", "sum", "logsumexp", "log_softmax", "softmax",
                "entropy", "token_logprobs", "exp", "log",
                "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss",
                "philox", "topk", "filter_logits", "sample",
-               "linear", "rms_norm", "rotary", "attention", "silu_mul"]
+               "linear", "rms_norm", "rotary", "attention", "silu_mul",
+               "logsumexp_backward", "log_softmax_backward", "softmax_backward", "entropy_backward",
+               "token_logprobs_backward", "masked_mean_backward", "masked_whiten_backward",
+               "kl_penalty_backward", "ppo_policy_loss_backward"]
 
 
 def availability():

@@ -12,11 +12,12 @@ operation order, so each op kernel reads as the reference does:
 - ``put``: writes a segment partial into its slot of a small vector;
 - ``program_rows``: the rows one program handles;
 - ``masked_row_sum``: the canonical sum of the counted entries of each row
-  (or of their squared deviations) and their exact count (spec 3, 15);
+  (or of their squared deviations, or of their products with a second
+  tensor) and their exact count (spec 3, 15, 26);
 - ``dot_sums``: canonical dot products of a tile of vector pairs (spec 24);
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
-- ``count_reciprocal``, ``rsqrt``, ``k3``: spec 15.1, 15.2 and 16;
+- ``count_reciprocal``, ``rsqrt``, ``k3``, ``k3_derivative``: spec 15.1, 15.2, 16 and 26.9;
 - ``order_key``: spec 21's order as int32 keys; ``search_probes`` and
   ``search_narrow``: an 8-way search over keys for a monotone predicate;
   ``kth_largest_key``: the k-th largest key of each row, by that search with exact counts.
@@ -192,10 +193,12 @@ def program_rows(n_rows, n_cols, BLOCK_R: tl.constexpr):
 @triton.jit
 def masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr,
-                   center=None):
+                   center=None, factor_ptr=None):
     # row_start, rows_ok: [BLOCK_R] -> (sum, count), each [BLOCK_R]:
-    # sum   = canonical sum (spec 3) of select(m, x, -0.0), or, given
-    #         center [BLOCK_R], of select(m, (x - center) * (x - center), -0.0);
+    # sum   = canonical sum (spec 3) of select(m, t, -0.0), the term t of each
+    #         entry built from v = x, or v = x - center given center [BLOCK_R]:
+    #         t = f * v given factor_ptr (f: a tensor laid out as x), else
+    #         t = v * v given center, else t = v;
     # count = how many entries count, an exact int32 (lane counts folded
     #         by the same tree; integer sums are exact in any order).
     neg_zero = neg_zeros(())
@@ -222,8 +225,11 @@ def masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                 valid = valid & tl.load(mask_ptr + offs, mask=valid, other=False)
             terms = tl.load(x_ptr + offs, mask=valid, other=0.0)
             if center is not None:
-                deviation = terms - center[:, None]
-                terms = deviation * deviation
+                terms = terms - center[:, None]
+            if factor_ptr is not None:
+                terms = tl.load(factor_ptr + offs, mask=valid, other=0.0) * terms
+            elif center is not None:
+                terms = terms * terms
             acc = acc + tl.where(valid, terms, neg_zero)
             lane_counts += valid.to(tl.int32)
         partials = put(partials, slots, g, tree_sum(acc))
@@ -403,10 +409,9 @@ def rsqrt(y):
 
 
 @triton.jit
-def k3(d):
-    # e^d - 1 - d without cancellation, as canonical._k3: for |d| < 1,
-    # d*d * phi(d) with phi(d) = sum_k d^k / (k + 2)! by Horner from the
-    # highest degree; otherwise (exp(d) - 1) - d.
+def _k3_phi(d):
+    # phi(d) = sum_k d^k / (k + 2)!, k = 0 .. 10, by Horner from the highest
+    # degree: e^d - 1 - d = d*d * phi(d) with nothing cancelling (spec 16).
     phi = K3_C0 * d + K3_C1
     phi = phi * d + K3_C2
     phi = phi * d + K3_C3
@@ -416,12 +421,28 @@ def k3(d):
     phi = phi * d + K3_C7
     phi = phi * d + K3_C8
     phi = phi * d + K3_C9
-    phi = phi * d + K3_C10
-    series = (d * d) * phi
+    return phi * d + K3_C10
+
+
+@triton.jit
+def k3(d):
+    # e^d - 1 - d without cancellation, as canonical._k3: for |d| < 1,
+    # d*d * phi(d); otherwise (exp(d) - 1) - d.
+    series = (d * d) * _k3_phi(d)
     direct = (exp(d) - 1.0) - d
     out = tl.where(tl.abs(d) < K3_SERIES_LIMIT, series, direct)
     # d = +inf: direct is inf - inf; the estimator is +inf.
     return tl.where(d == POS_INF, POS_INF, out)
+
+
+@triton.jit
+def k3_derivative(d):
+    # d/dd of k3: e^d - 1 without cancellation, as canonical._k3_derivative
+    # (spec 26.9): for |d| < 1, d + d*d * phi(d) (k3's own series); otherwise
+    # exp(d) - 1, which is +inf at d = +inf and -1 at d = -inf.
+    series = d + (d * d) * _k3_phi(d)
+    direct = exp(d) - 1.0
+    return tl.where(tl.abs(d) < K3_SERIES_LIMIT, series, direct)
 
 
 # -- Order and selection (spec 21) ----------------------------------------------

@@ -1,15 +1,18 @@
-"""masked_mean and masked_whiten (spec 15.1, 15.3), as the same-named functions of canonical.py.
+"""masked_mean and masked_whiten (spec 15.1, 15.3) and their backward (spec 26.7, 26.8),
+as the same-named functions of canonical.py.
 
-Both start from canonical.masked_row_sum: the canonical sum of the counted
+All start from canonical.masked_row_sum: the canonical sum of the counted
 entries and their exact count, n, rounded once to float32.  The mean is
-sum * R + 0.0 with R = 1/n (spec 7), or 0 for an empty row.
+sum * R + 0.0 with R = 1/n (spec 7), or 0 for an empty row.  The backward
+kernels recompute the forward's R, mean, variance and rsqrt the same way,
+which gives the forward's bits.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from .canonical import count_reciprocal, masked_row_sum, program_rows, reciprocal, rsqrt
+from .canonical import count_reciprocal, masked_row_sum, program_rows, reciprocal, rsqrt, tree_sum
 from .layout import block_rows, launch, row_layout
 
 
@@ -53,21 +56,103 @@ def masked_whiten_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, e
         tl.store(out_ptr + offs, tl.where(counted, out, 0.0), mask=inside)
 
 
-def _launch(kernel, x, mask, out, *scalars, **constexprs):
-    n_rows, n_cols = x.shape
+@triton.jit
+def masked_mean_backward_kernel(mask_ptr, g_ptr, out_ptr, n_rows, n_cols,
+                                BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # mask, out: [n_rows, n_cols], g: [n_rows]; out = select(m, g * R, +0.0)
+    # with the forward's R = 1/n, 0 for an empty row (spec 26.7).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    lanes = tl.arange(0, W)
+    # n, exactly: lane counts folded by a tree (integer sums are exact in any order).
+    lane_counts = tl.full((BLOCK_R, W), 0, tl.int32)                    # [BLOCK_R, W]
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        lane_counts += tl.load(mask_ptr + offs, mask=inside, other=False).to(tl.int32)
+    g = tl.load(g_ptr + rows, mask=rows_ok, other=0.0)                  # [BLOCK_R]
+    weight = (g * count_reciprocal(tree_sum(lane_counts).to(tl.float32)))[:, None]     # [BLOCK_R, 1]
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        counted = tl.load(mask_ptr + offs, mask=inside, other=False)
+        tl.store(out_ptr + offs, tl.where(counted, weight, 0.0), mask=inside)
+
+
+@triton.jit
+def masked_whiten_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
+                                  SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr,
+                                  BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask, g, out: [n_rows, n_cols] (spec 26.8), with the forward's
+    # mean, d = x - mean, rk = 1/divisor and inv = rsqrt(ss * rk + eps):
+    #   gbar = masked mean of g;  gd = canonical sum of select(m, g * d, -0.0)
+    #   z    = d * inv;  c = (gd * rk) * inv
+    #   out  = select(m, ((g - gbar) - z * c) * inv [+ gbar when not SHIFT_MEAN], +0.0).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    # The forward's statistics, in masked_whiten_kernel's order.
+    total, count = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
+    r = count_reciprocal(count.to(tl.float32))                          # [BLOCK_R]
+    mean = total * r + 0.0
+    ss, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
+                           center=mean)
+    if UNBIASED:
+        divisor = tl.maximum(count - 1, 1)
+    else:
+        divisor = tl.maximum(count, 1)
+    rk = reciprocal(divisor.to(tl.float32))
+    inv = rsqrt(ss * rk + eps)                                          # [BLOCK_R]
+    # The gradient's two row sums: g's masked mean (the same count) and g . d.
+    g_total, _ = masked_row_sum(g_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
+    g_bar = (g_total * r + 0.0)[:, None]                                # [BLOCK_R, 1]
+    gd, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
+                           center=mean, factor_ptr=g_ptr)
+    c = ((gd * rk) * inv)[:, None]                                      # [BLOCK_R, 1]
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        counted = tl.load(mask_ptr + offs, mask=inside, other=False)
+        z = (tl.load(x_ptr + offs, mask=inside, other=0.0) - mean[:, None]) * inv[:, None]
+        out = ((tl.load(g_ptr + offs, mask=inside, other=0.0) - g_bar) - z * c) * inv[:, None]
+        if not SHIFT_MEAN:
+            out = out + g_bar
+        tl.store(out_ptr + offs, tl.where(counted, out, 0.0), mask=inside)
+
+
+def _launch(kernel, tensors, *scalars, **constexprs):
+    # tensors: the kernel's tensor arguments in order, the first [n_rows, n_cols], the last the output.
+    n_rows, n_cols = tensors[0].shape
     width, n_segments, slots = row_layout(n_cols)
     rows = block_rows(n_rows, width)
-    launch(kernel, triton.cdiv(n_rows, rows), x, x if mask is None else mask, out, n_rows, n_cols, n_segments,
+    launch(kernel, triton.cdiv(n_rows, rows), *tensors, n_rows, n_cols, n_segments,
            *scalars, BLOCK_R=rows, W=width, GP=slots, **constexprs)
-    return out
+    return tensors[-1]
 
 
 def masked_mean(x, mask):
     """x: [R, N], mask: [R, N] bool, or None when every entry counts (ppo's means over sequences) -> [R]."""
     out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    return _launch(masked_mean_kernel, x, mask, out, HAS_MASK=mask is not None)
+    return _launch(masked_mean_kernel, (x, x if mask is None else mask, out), HAS_MASK=mask is not None)
 
 
 def masked_whiten(x, mask, shift_mean, unbiased, eps):
-    return _launch(masked_whiten_kernel, x, mask, torch.empty_like(x), float(eps),
+    return _launch(masked_whiten_kernel, (x, mask, torch.empty_like(x)), float(eps),
+                   SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased))
+
+
+def masked_mean_backward(mask, g):
+    """mask: [R, N] bool, g: [R] -> [R, N]."""
+    n_rows, n_cols = mask.shape
+    out = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)
+    width, _, _ = row_layout(n_cols)
+    rows = block_rows(n_rows, width)
+    launch(masked_mean_backward_kernel, triton.cdiv(n_rows, rows), mask, g, out, n_rows, n_cols,
+           BLOCK_R=rows, W=width)
+    return out
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+    return _launch(masked_whiten_backward_kernel, (x, mask, g, torch.empty_like(x)), float(eps),
                    SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased))

@@ -10,6 +10,11 @@ order of the same-named function in canonical.py.  ``softmax_stats`` takes
 the function that loads a chunk of the rows as an argument, so attention
 (attention.py) computes the same statistics over the scores it computes
 chunk by chunk.
+
+The backward kernels (spec 26) sit after the forward ones.  Where they need
+a row statistic they recompute it with the same ``_softmax_stats`` from the
+same inputs, which gives the forward's bits; where the forward's output
+carries what they need (log_softmax, softmax, entropy) they read it.
 """
 
 import torch
@@ -17,7 +22,8 @@ import triton
 import triton.language as tl
 
 from . import canonical
-from .canonical import NEG_INF, SEGMENT, nan_max, neg_zeros, program_rows, put, tree_max, tree_sum
+from .canonical import (NEG_INF, SEGMENT, masked_row_sum, nan_max, neg_zeros, program_rows, put, tree_max,
+                        tree_sum)
 from .layout import block_rows, launch, row_layout
 
 
@@ -30,6 +36,24 @@ def _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK: tl.constexpr):
     if HAS_MASK:
         keep = keep & tl.load(mask_ptr + offs, mask=inside, other=False)
     return tl.where(keep, w, NEG_INF)
+
+
+@triton.jit
+def _log_probs(w, shift, total, log_total):
+    # w: [BLOCK_R, W], the row statistics: [BLOCK_R] -> log_softmax of w, bit for
+    # bit (canonical._log_probs): (w - shift) - log_total, -inf on the rows with no
+    # finite maximum (total == 0).
+    out = (w - shift[:, None]) - log_total[:, None]
+    return tl.where((total == 0.0)[:, None], NEG_INF, out)
+
+
+@triton.jit
+def _counted(mask_ptr, offs, inside, v, HAS_MASK: tl.constexpr):
+    # offs, inside, v: [BLOCK_R, W] -> select(m, v, +0.0): a gradient entry that
+    # does not count is +0.0 (spec 26.1), whatever v is there.
+    if HAS_MASK:
+        v = tl.where(tl.load(mask_ptr + offs, mask=inside, other=False), v, 0.0)
+    return v
 
 
 @triton.jit
@@ -124,15 +148,13 @@ def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, sca
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
-    empty = (total == 0.0)[:, None]                                     # [BLOCK_R, 1]
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
         offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
         inside = rows_ok[:, None] & (cols < n_cols)[None, :]
         w = _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK)
-        out = (w - shift[:, None]) - log_total[:, None]
-        tl.store(out_ptr + offs, tl.where(empty, NEG_INF, out), mask=inside)
+        tl.store(out_ptr + offs, _log_probs(w, shift, total, log_total), mask=inside)
 
 
 @triton.jit
@@ -197,18 +219,132 @@ def token_logprobs_kernel(x_ptr, tokens_ptr, out_ptr, n_rows, n_cols, n_segments
     tl.store(out_ptr + rows, tl.where(total == 0.0, NEG_INF, out), mask=rows_ok)
 
 
-def _launch(kernel, x, second, scale, out, **constexprs):
-    # second: the mask (or x itself when there is none), or the token ids.
-    n_rows, n_cols = x.shape
+# -- Backward (spec 26) ------------------------------------------------------------
+# Each kernel gives dx of BLOCK_R rows, in the order of the same-named
+# function in canonical.py: the temperature's one multiply dx = dw * scale
+# comes last (spec 26.1), before the +0.0 of the entries that do not count.
+
+@triton.jit
+def logsumexp_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                              HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask, out: [n_rows, n_cols], g: [n_rows]; out = select(m, (g * P) * scale, +0.0)
+    # with P = exp(log_softmax(x)), log_softmax recomputed from the forward's statistics (spec 26.2).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
+                                                scale, HAS_MASK, BLOCK_R, W, GP)
+    g = tl.load(g_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        w = _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK)
+        p = canonical.exp(_log_probs(w, shift, total, log_total))
+        tl.store(out_ptr + offs, _counted(mask_ptr, offs, inside, (g * p) * scale, HAS_MASK), mask=inside)
+
+
+@triton.jit
+def log_softmax_backward_kernel(y_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                                HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr,
+                                GP: tl.constexpr):
+    # y (the forward's output), mask, g, out: [n_rows, n_cols] (spec 26.3):
+    #   G   = canonical sum of select(m, g, -0.0)
+    #   out = select(m, (g - exp(y) * G) * scale, +0.0).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    big_g, _ = masked_row_sum(g_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, HAS_MASK, BLOCK_R, W, GP)
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        y = tl.load(y_ptr + offs, mask=inside, other=0.0)
+        g = tl.load(g_ptr + offs, mask=inside, other=0.0)
+        out = (g - canonical.exp(y) * big_g[:, None]) * scale
+        tl.store(out_ptr + offs, _counted(mask_ptr, offs, inside, out, HAS_MASK), mask=inside)
+
+
+@triton.jit
+def softmax_backward_kernel(p_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                            HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # p (the forward's output), mask, g, out: [n_rows, n_cols] (spec 26.4):
+    #   G   = canonical sum of select(m, g * p, -0.0)
+    #   out = select(m, (p * (g - G)) * scale, +0.0).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    big_g, _ = masked_row_sum(p_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, HAS_MASK, BLOCK_R, W, GP,
+                              factor_ptr=g_ptr)
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        p = tl.load(p_ptr + offs, mask=inside, other=0.0)
+        g = tl.load(g_ptr + offs, mask=inside, other=0.0)
+        out = (p * (g - big_g[:, None])) * scale
+        tl.store(out_ptr + offs, _counted(mask_ptr, offs, inside, out, HAS_MASK), mask=inside)
+
+
+@triton.jit
+def entropy_backward_kernel(x_ptr, mask_ptr, h_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                            HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, mask, out: [n_rows, n_cols], h (the forward's output), g: [n_rows] (spec 26.5):
+    #   d = w - shift, e = exp(d), q = e * recip, a = log_total - d (entropy_kernel's terms)
+    #   out = select(m, select(e == 0, +0.0, ((q * (a - h)) * g) * scale), +0.0).
+    # A masked entry has e == 0 already, except in a row whose shift is NaN: the outer
+    # select keeps it +0.0 there too (spec 26.1).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    shift, _, log_total, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
+                                                scale, HAS_MASK, BLOCK_R, W, GP)
+    h = tl.load(h_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
+    g = tl.load(g_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        d = _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK) - shift[:, None]
+        e = canonical.exp(d)
+        q = e * recip[:, None]
+        a = log_total[:, None] - d
+        out = ((q * (a - h)) * g) * scale
+        out = _counted(mask_ptr, offs, inside, tl.where(e == 0.0, 0.0, out), HAS_MASK)
+        tl.store(out_ptr + offs, out, mask=inside)
+
+
+@triton.jit
+def token_logprobs_backward_kernel(x_ptr, tokens_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+                                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
+    # x, out: [n_rows, n_cols], tokens: [n_rows] int64, g: [n_rows] (spec 26.6):
+    #   out = (select(i == token, g, +0.0) - P * g) * scale, P = exp(log_softmax(x)).
+    rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments, scale,
+                                                False, BLOCK_R, W, GP)
+    tokens = tl.load(tokens_ptr + rows, mask=rows_ok, other=0)[:, None]  # [BLOCK_R, 1]
+    g = tl.load(g_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
+    lanes = tl.arange(0, W)
+    for start in range(0, n_cols, W):
+        cols = start + lanes
+        offs = row_start[:, None] + cols[None, :]                       # [BLOCK_R, W]
+        inside = rows_ok[:, None] & (cols < n_cols)[None, :]
+        w = _load_scaled(x_ptr, x_ptr, offs, inside, scale, False)
+        p = canonical.exp(_log_probs(w, shift, total, log_total))
+        hit = cols[None, :] == tokens
+        tl.store(out_ptr + offs, (tl.where(hit, g, 0.0) - p * g) * scale, mask=inside)
+
+
+def _launch(kernel, tensors, scale, **constexprs):
+    # tensors: the kernel's tensor arguments in order, the first [n_rows, n_cols]
+    # (x, or the forward's output), the last the output.
+    n_rows, n_cols = tensors[0].shape
     width, n_segments, slots = row_layout(n_cols)
     rows = block_rows(n_rows, width)
-    launch(kernel, triton.cdiv(n_rows, rows), x, second, out, n_rows, n_cols, n_segments, float(scale),
+    launch(kernel, triton.cdiv(n_rows, rows), *tensors, n_rows, n_cols, n_segments, float(scale),
            BLOCK_R=rows, W=width, GP=slots, **constexprs)
-    return out
+    return tensors[-1]
 
 
-def _masked(kernel, x, mask, scale, out):
-    return _launch(kernel, x, x if mask is None else mask, scale, out, HAS_MASK=mask is not None)
+def _masked(kernel, x, mask, scale, *tensors):
+    # tensors: the kernel's tensor arguments after x and the mask (the mask is x itself when there is none).
+    return _launch(kernel, (x, x if mask is None else mask, *tensors), scale, HAS_MASK=mask is not None)
 
 
 def _row_out(x):
@@ -232,4 +368,24 @@ def entropy(x, mask, scale):
 
 
 def token_logprobs(x, tokens, scale):
-    return _launch(token_logprobs_kernel, x, tokens, scale, _row_out(x))
+    return _launch(token_logprobs_kernel, (x, tokens, _row_out(x)), scale)
+
+
+def logsumexp_backward(x, mask, scale, g):
+    return _masked(logsumexp_backward_kernel, x, mask, scale, g, torch.empty_like(x))
+
+
+def log_softmax_backward(y, mask, scale, g):
+    return _masked(log_softmax_backward_kernel, y, mask, scale, g, torch.empty_like(y))
+
+
+def softmax_backward(p, mask, scale, g):
+    return _masked(softmax_backward_kernel, p, mask, scale, g, torch.empty_like(p))
+
+
+def entropy_backward(x, mask, scale, h, g):
+    return _masked(entropy_backward_kernel, x, mask, scale, h, g, torch.empty_like(x))
+
+
+def token_logprobs_backward(x, tokens, scale, g):
+    return _launch(token_logprobs_backward_kernel, (x, tokens, g, torch.empty_like(x)), scale)

@@ -147,3 +147,52 @@ def attention(q, k, v, kv_lengths, causal, scale):
 @_quiet
 def silu_mul(gate, up):
     return _torch(canonical.silu_mul(_np(gate), _np(up)))
+
+
+# -- Backward (spec 26) ---------------------------------------------------------------
+
+
+@_quiet
+def logsumexp_backward(x, mask, scale, g):
+    return _torch(canonical.logsumexp_backward(_np(x), _np(mask), scale, _np(g)))
+
+
+@_quiet
+def log_softmax_backward(y, mask, scale, g):
+    return _torch(canonical.log_softmax_backward(_np(y), _np(mask), scale, _np(g)))
+
+
+@_quiet
+def softmax_backward(p, mask, scale, g):
+    return _torch(canonical.softmax_backward(_np(p), _np(mask), scale, _np(g)))
+
+
+@_quiet
+def entropy_backward(x, mask, scale, h, g):
+    return _torch(canonical.entropy_backward(_np(x), _np(mask), scale, _np(h), _np(g)))
+
+
+@_quiet
+def token_logprobs_backward(x, tokens, scale, g):
+    return _torch(canonical.token_logprobs_backward(_np(x), _np(tokens), scale, _np(g)))
+
+
+@_quiet
+def masked_mean_backward(mask, g):
+    return _torch(canonical.masked_mean_backward(_np(mask), _np(g)))
+
+
+@_quiet
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+    return _torch(canonical.masked_whiten_backward(_np(x), _np(mask), shift_mean, unbiased, eps, _np(g)))
+
+
+@_quiet
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+    return _torch(canonical.kl_penalty_backward(_np(logp), _np(ref_logp), kind, clamp, log_ratio_clamp, _np(g)))
+
+
+@_quiet
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, g):
+    return _torch(canonical.ppo_policy_loss_backward(_np(logp), _np(old_logp), _np(advantages), _np(mask),
+                                                     ratio_low, ratio_high, dual_clip, ratio_clamp, agg, _np(g)))

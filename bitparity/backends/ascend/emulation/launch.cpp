@@ -42,6 +42,26 @@ void bitparity_rotary(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR y, uint32_t r
 void bitparity_attention(GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLengths, GM_ADDR out, uint32_t groups,
                          uint32_t tq, uint32_t tk, uint32_t d, uint32_t causal, float scale);
 void bitparity_silu_mul(GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t n);
+void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                  uint32_t hasMask, float scale);
+void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                    uint32_t hasMask, float scale);
+void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                uint32_t hasMask, float scale);
+void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                uint32_t cols, uint32_t hasMask, float scale);
+void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                       uint32_t cols, float scale);
+void bitparity_masked_mean_backward(GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols);
+void bitparity_masked_whiten_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                      uint32_t shiftMean, uint32_t unbiased, float eps);
+void bitparity_kl_penalty_backward(GM_ADDR logp, GM_ADDR refLogp, GM_ADDR g, GM_ADDR out, uint32_t n, uint32_t kind,
+                                   float clamp, float logRatioClamp);
+void bitparity_ppo_token_weights(GM_ADDR mask, GM_ADDR g, GM_ADDR weights, uint32_t rows, uint32_t cols,
+                                 uint32_t agg);
+void bitparity_ppo_policy_loss_backward(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR mask,
+                                        GM_ADDR weights, GM_ADDR out, uint32_t rows, uint32_t cols, float ratioLow,
+                                        float ratioHigh, float dualClip, float ratioClamp);
 
 int bp_sum(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
@@ -176,6 +196,82 @@ int bp_attention(uint32_t blocks, GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLe
 int bp_silu_mul(uint32_t blocks, GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t n)
 {
     return bp_emulation::Launch(blocks, [&] { bitparity_silu_mul(gate, up, out, n); });
+}
+
+// ---- Backward (spec 26) ----
+
+int bp_logsumexp_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                          uint32_t cols, uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_logsumexp_backward(x, mask, g, out, rows, cols, hasMask, scale); });
+}
+
+int bp_log_softmax_backward(uint32_t blocks, GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                            uint32_t cols, uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_log_softmax_backward(y, mask, g, out, rows, cols, hasMask, scale); });
+}
+
+int bp_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                        uint32_t cols, uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_softmax_backward(p, mask, g, out, rows, cols, hasMask, scale); });
+}
+
+int bp_entropy_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                        uint32_t cols, uint32_t hasMask, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_entropy_backward(x, mask, h, g, out, rows, cols, hasMask, scale); });
+}
+
+int bp_token_logprobs_backward(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                               uint32_t cols, float scale)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_token_logprobs_backward(x, tokens, g, out, rows, cols, scale); });
+}
+
+int bp_masked_mean_backward(uint32_t blocks, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_masked_mean_backward(mask, g, out, rows, cols); });
+}
+
+int bp_masked_whiten_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                              uint32_t cols, uint32_t shiftMean, uint32_t unbiased, float eps)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_masked_whiten_backward(x, mask, g, out, rows, cols, shiftMean, unbiased, eps);
+    });
+}
+
+int bp_kl_penalty_backward(uint32_t blocks, GM_ADDR logp, GM_ADDR refLogp, GM_ADDR g, GM_ADDR out, uint32_t n,
+                           uint32_t kind, float clamp, float logRatioClamp)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_kl_penalty_backward(logp, refLogp, g, out, n, kind, clamp, logRatioClamp);
+    });
+}
+
+// Two launches, in order on one stream as the binding queues them: the per-row token weights
+// (weightBlocks cores), then the per-token gradient (blocks cores).
+int bp_ppo_policy_loss_backward(uint32_t weightBlocks, uint32_t blocks, GM_ADDR logp, GM_ADDR oldLogp,
+                                GM_ADDR advantages, GM_ADDR mask, GM_ADDR g, GM_ADDR weights, GM_ADDR out,
+                                uint32_t rows, uint32_t cols, uint32_t agg, float ratioLow, float ratioHigh,
+                                float dualClip, float ratioClamp)
+{
+    int status = bp_emulation::Launch(weightBlocks,
+                                      [&] { bitparity_ppo_token_weights(mask, g, weights, rows, cols, agg); });
+    if (status != 0) {
+        return status;
+    }
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_ppo_policy_loss_backward(logp, oldLogp, advantages, mask, weights, out, rows, cols, ratioLow,
+                                           ratioHigh, dualClip, ratioClamp);
+    });
 }
 
 }  // extern "C"

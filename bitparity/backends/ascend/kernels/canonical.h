@@ -1,7 +1,8 @@
 // The canonical float32 building blocks (docs/spec.md) on Ascend C LocalTensors.
 //
 // Written once and used by every kernel: the portable exp and log, the
-// reciprocal and rsqrt, the k3 series, the NaN-propagating max, min and clamp,
+// reciprocal (of a vector or of one scalar) and rsqrt, the k3 series and its
+// derivative, the NaN-propagating max, min and clamp,
 // the halving trees, and the cross-pipe syncs around the scalar unit.  They use
 // only these vector instructions: Add/Sub/Mul/Adds/Muls/Max/Min/Maxs/Mins,
 // Compare/Compares, Select, Duplicate, int32 Add/Sub/Adds, uint32 ShiftLeft,
@@ -363,6 +364,19 @@ __aicore__ inline void CanonicalReciprocal(const LocalTensor<float>& r, const Lo
     AscendC::Add(r, r, t, n);
 }
 
+// 1/s (spec 7) of one scalar s in [1, 2^31], on a 64-lane vector holding s in every lane:
+// in and out 64 floats each, work 7 x 64 floats.  Ends with the vector pipe owning the buffers.
+__aicore__ inline float ReciprocalOfScalar(float s, const LocalTensor<float>& in, const LocalTensor<float>& out,
+                                           const LocalTensor<float>& work)
+{
+    AscendC::Duplicate(in, s, FLOATS_PER_REPEAT);
+    CanonicalReciprocal(out, in, work, FLOATS_PER_REPEAT);
+    VectorToScalarSync();
+    float r = out.GetValue(0);
+    ScalarToVectorSync();
+    return r;
+}
+
 // r = 1/sqrt(y) over n floats (spec 15.2) for y > 0: RSQRT_NEWTON_STEPS Newton steps
 // r = r * (1.5 - (h*r)*r), h = 0.5*y, from bits(r0) = RSQRT_MAGIC - (bits(y) >> 1); then
 // 0 where y is +inf (NaN propagates through the steps by itself).  n a multiple of 64.
@@ -392,6 +406,19 @@ __aicore__ inline void CanonicalRsqrt(const LocalTensor<float>& r, const LocalTe
     AscendC::Select(r, bits, r, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
 }
 
+// phi(d) = sum_k d^k / (k + 2)! of spec 16's k3 over n floats: phi = c0; phi = phi * d + c_i for the
+// other K3_SERIES_BITS (Horner from the highest degree); c0 * 1 == c0, so phi starts as c0 * d + c1.
+// phi must not be d.  n a multiple of 64.
+__aicore__ inline void K3Series(const LocalTensor<float>& phi, const LocalTensor<float>& d, uint32_t n)
+{
+    AscendC::Muls(phi, d, FloatFromBits(K3_SERIES_BITS[0]), n);
+    AscendC::Adds(phi, phi, FloatFromBits(K3_SERIES_BITS[1]), n);
+    for (uint32_t i = 2; i < K3_SERIES_TERMS; ++i) {
+        AscendC::Mul(phi, phi, d, n);
+        AscendC::Adds(phi, phi, FloatFromBits(K3_SERIES_BITS[i]), n);
+    }
+}
+
 // k = e^d - 1 - d over n floats (spec 16, k3) without cancellation: for |d| < 1,
 // (d*d) * phi(d) with phi = c0; phi = phi*d + c_i (K3_SERIES_BITS, Horner from the
 // highest degree); otherwise (exp(d) - 1) - d; +inf where d is +inf.  n a multiple
@@ -403,13 +430,7 @@ __aicore__ inline void CanonicalK3(const LocalTensor<float>& k, const LocalTenso
     LocalTensor<float> sq = work[n];
     LocalTensor<float> expWork = work[2 * n];   // 4n floats, free again after CanonicalExp
 
-    // The series; c0 * 1 == c0, so phi starts as c0 * d + c1.
-    AscendC::Muls(k, d, FloatFromBits(K3_SERIES_BITS[0]), n);
-    AscendC::Adds(k, k, FloatFromBits(K3_SERIES_BITS[1]), n);
-    for (uint32_t i = 2; i < K3_SERIES_TERMS; ++i) {
-        AscendC::Mul(k, k, d, n);
-        AscendC::Adds(k, k, FloatFromBits(K3_SERIES_BITS[i]), n);
-    }
+    K3Series(k, d, n);
     AscendC::Mul(sq, d, d, n);
     AscendC::Mul(k, sq, k, n);
     // direct = (exp(d) - 1) - d; d + (-1) == d - 1 in IEEE.
@@ -424,6 +445,31 @@ __aicore__ inline void CanonicalK3(const LocalTensor<float>& k, const LocalTenso
     AscendC::Select(k, bits, k, direct, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
     AscendC::Compares(bits, d, PosInf(), AscendC::CMPMODE::NE, n);
     AscendC::Select(k, bits, k, PosInf(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+}
+
+// k' = e^d - 1 over n floats (spec 26.9, k3's derivative) without cancellation: for |d| < 1,
+// d + (d*d) * phi(d) with k3's series phi; otherwise exp(d) - 1 (so +inf at +inf, -1 at -inf,
+// NaN at NaN).  n a multiple of 64.  k must not be d or inside work.  work: 6n floats; bits: n/8 bytes.
+__aicore__ inline void CanonicalK3Derivative(const LocalTensor<float>& k, const LocalTensor<float>& d,
+                                             const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits,
+                                             uint32_t n)
+{
+    LocalTensor<float> direct = work;
+    LocalTensor<float> sq = work[n];
+    LocalTensor<float> expWork = work[2 * n];   // 4n floats
+
+    K3Series(k, d, n);
+    AscendC::Mul(sq, d, d, n);
+    AscendC::Mul(k, sq, k, n);
+    AscendC::Add(k, d, k, n);
+    CanonicalExp(direct, d, expWork, bits, n);
+    AscendC::Adds(direct, direct, -1.0f, n);
+    // |d| < 1 as (d > -1) and (d < 1), as in CanonicalK3.
+    const float limit = FloatFromBits(K3_SERIES_LIMIT_BITS);
+    AscendC::Compares(bits, d, -limit, AscendC::CMPMODE::GT, n);
+    AscendC::Select(k, bits, k, direct, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compares(bits, d, limit, AscendC::CMPMODE::LT, n);
+    AscendC::Select(k, bits, k, direct, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
 }
 
 }  // namespace bitparity

@@ -1,5 +1,6 @@
 // The softmax family (spec 8) as Ascend C kernels for Atlas A2:
-// logsumexp, log_softmax, softmax, entropy and token_logprobs.
+// logsumexp, log_softmax, softmax, entropy and token_logprobs, and their
+// backwards (spec 26), each beside its forward.
 //
 //   x: f32[rows, cols] (GM); mask: bool[rows, cols] or absent (tokens: int64[rows]
 //   for token_logprobs); out: f32[rows] or f32[rows, cols]; scale: the float32
@@ -26,12 +27,32 @@
 // e == 0, plus 0.0; token_logprobs = (w[token] - shift) - log_total (-inf for an
 // empty row).  log_softmax, softmax and entropy reload x from GM for their pass.
 //
+// Backward (spec 26), beside the forwards:
+//   logsumexp, entropy and token_logprobs recompute the forward's Stats (the same
+//   code, so shift, total, log_total and recip are the forward's bits), then map
+//   the row once more with the per-row g (and H): P = exp(ls), ls the forward's
+//   log_softmax ((w - shift) - log_total, -inf for an empty row);
+//     logsumexp:      dx = select(m, (g * P) * scale, +0.0);
+//     entropy:        q = e * recip, a = log_total - d, dx = ((q * (a - H)) * g) * scale,
+//                     +0.0 where e == 0, then +0.0 where m is False (a NaN shift reaches those);
+//     token_logprobs: dx = (select(i == t, g, +0.0) - P * g) * scale.
+//   log_softmax and softmax take the forward's output y (KernelSoftmaxOutputGrad):
+//     pass 1: G = canonical sum of select(m, g, -0.0) (log_softmax) or of
+//       select(m, g * p, -0.0) (softmax), by segments and lanes as in reduce.cpp;
+//     pass 2: dx = select(m, (g - exp(y) * G) * scale, +0.0) or
+//       select(m, (p * (g - G)) * scale, +0.0).
+//   The mask's compare bits are kept in their own 128 B (maskBits) across a
+//   chunk's arithmetic, for the final select.  Rows spread over cores as above.
+//
 // UB budget (bytes): x 2 x 4096 + mask 2 x 1024 (VECIN), out 2 x 4096 (VECOUT,
-// log_softmax and softmax), segment cache 65536, acc x2, e, term and w tiles
-// 5 x 4096, exp/log work 16384, laneIndex 4096, maskHalf 2048, bits 128,
-// per-segment max/count/rest/partials 4 x 4096, results 4096 (the per-row ops):
-// at most 143,488 B (log_softmax or softmax with a mask) of the 188,416 B (184 KB)
-// InitBuffer may use.
+// log_softmax, softmax and the backwards), segment cache 65536, acc x2, e, term
+// and w tiles 5 x 4096, exp/log work 16384, laneIndex 4096, maskHalf 2048, bits
+// 128, maskBits 128 (the masked backwards), per-segment max/count/rest/partials
+// 4 x 4096, results 4096 (the per-row ops): at most 143,616 B (a masked backward)
+// of the 188,416 B (184 KB) InitBuffer may use.
+// KernelSoftmaxOutputGrad: y, g 2 x 2 x 4096 + mask 2 x 1024 (VECIN), out 2 x 4096
+// (VECOUT), acc, term 2 x 4096, exp work 16384, laneIndex 4096, maskHalf 2048, bits
+// 128, partials 4096: 61,568 B.
 
 #include "kernel_operator.h"
 #include "canonical.h"
@@ -40,16 +61,23 @@
 
 namespace bitparity {
 
-enum class SoftmaxOp { LOGSUMEXP, LOG_SOFTMAX, SOFTMAX, ENTROPY, TOKEN_LOGPROBS };
+enum class SoftmaxOp {
+    LOGSUMEXP, LOG_SOFTMAX, SOFTMAX, ENTROPY, TOKEN_LOGPROBS,
+    // The backwards (spec 26) that recompute the forward's row statistics from x.
+    LOGSUMEXP_BACKWARD, ENTROPY_BACKWARD, TOKEN_LOGPROBS_BACKWARD
+};
 
 template <SoftmaxOp OP>
 class KernelSoftmax {
-    static constexpr bool MAPS_ROWS = OP == SoftmaxOp::LOG_SOFTMAX || OP == SoftmaxOp::SOFTMAX;
+    static constexpr bool GRAD = OP == SoftmaxOp::LOGSUMEXP_BACKWARD || OP == SoftmaxOp::ENTROPY_BACKWARD ||
+                                 OP == SoftmaxOp::TOKEN_LOGPROBS_BACKWARD;
+    static constexpr bool MAPS_ROWS = OP == SoftmaxOp::LOG_SOFTMAX || OP == SoftmaxOp::SOFTMAX || GRAD;
+    static constexpr bool TOKENS = OP == SoftmaxOp::TOKEN_LOGPROBS || OP == SoftmaxOp::TOKEN_LOGPROBS_BACKWARD;
 
 public:
     __aicore__ inline KernelSoftmax() {}
 
-    // other: the mask (or nullptr) for the masked ops, the tokens for TOKEN_LOGPROBS.
+    // other: the mask (or nullptr) for the masked ops, the tokens for TOKEN_LOGPROBS(_BACKWARD).
     __aicore__ inline void Init(GM_ADDR x, GM_ADDR other, GM_ADDR out, uint32_t rows, uint32_t cols,
                                 uint32_t hasMask, float scale)
     {
@@ -66,8 +94,13 @@ public:
             pipe.InitBuffer(maskQueue, BUFFER_NUM, LANES * sizeof(uint8_t));
             pipe.InitBuffer(maskHalfBuf, LANES * sizeof(half));
         }
-        if constexpr (OP == SoftmaxOp::TOKEN_LOGPROBS) {
+        if constexpr (TOKENS) {
             tokensGm.SetGlobalBuffer((__gm__ int64_t*)other, rows);
+        }
+        if constexpr (GRAD) {
+            if (this->hasMask) {
+                pipe.InitBuffer(maskBitsBuf, LANES / 8);
+            }
         }
         if constexpr (MAPS_ROWS) {
             outGm.SetGlobalBuffer((__gm__ float*)out, elements);
@@ -92,6 +125,15 @@ public:
         ScalarToVectorSync();
     }
 
+    // The backwards' upstream gradient g: f32[rows], and the forward's entropy h: f32[rows] (ENTROPY_BACKWARD).
+    __aicore__ inline void InitGradient(GM_ADDR g, GM_ADDR h, uint32_t rows)
+    {
+        gGm.SetGlobalBuffer((__gm__ float*)g, rows);
+        if constexpr (OP == SoftmaxOp::ENTROPY_BACKWARD) {
+            hGm.SetGlobalBuffer((__gm__ float*)h, rows);
+        }
+    }
+
     __aicore__ inline void Process()
     {
         for (uint32_t row = share.begin; row < share.end; ++row) {
@@ -103,6 +145,8 @@ public:
                 results.Put(row, TokenLogprob(row, rowStart, s));
             } else if constexpr (OP == SoftmaxOp::ENTROPY) {
                 results.Put(row, Entropy(rowStart, s));
+            } else if constexpr (GRAD) {
+                GradRow(row, rowStart, s);
             } else {
                 MapRow(rowStart, s);
             }
@@ -121,6 +165,7 @@ private:
     }
 
     // w = x * scale over the tile, then masked elements and lanes >= len set to -inf.
+    // The backwards keep the mask's compare bits in maskBits for their final select.
     __aicore__ inline void ComputeScaled(const LocalTensor<float>& w, uint32_t len)
     {
         LocalTensor<float> x = xQueue.DeQue<float>();
@@ -129,7 +174,8 @@ private:
         xQueue.FreeTensor(x);
         if (hasMask) {
             LocalTensor<uint8_t> m = maskQueue.DeQue<uint8_t>();
-            SelectUnmasked(w, w, m, maskHalfBuf.Get<half>(), bits, geo.lanes, NegInf());
+            LocalTensor<uint8_t> maskBits = GRAD ? maskBitsBuf.Get<uint8_t>() : bits;
+            SelectUnmasked(w, w, m, maskHalfBuf.Get<half>(), maskBits, geo.lanes, NegInf());
             maskQueue.FreeTensor(m);
         }
         if (len < geo.lanes) {
@@ -257,6 +303,87 @@ private:
         return h + 0.0f;
     }
 
+    // ---- Backward (spec 26) of logsumexp, entropy and token_logprobs ------------------
+
+    // dx of one row into outGm, from the forward's statistics s and this row's g (and H).
+    __aicore__ inline void GradRow(uint32_t row, uint64_t rowStart, const SoftmaxStats& s)
+    {
+        const uint32_t lanes = geo.lanes;
+        const float g = gGm.GetValue(row);
+        float h = 0.0f;
+        int64_t token = -1;
+        if constexpr (OP == SoftmaxOp::ENTROPY_BACKWARD) {
+            h = hGm.GetValue(row);
+        }
+        if constexpr (OP == SoftmaxOp::TOKEN_LOGPROBS_BACKWARD) {
+            token = tokensGm.GetValue(row);
+        }
+        LocalTensor<float> w = wBuf.Get<float>();
+        LocalTensor<float> e = eBuf.Get<float>();
+        LocalTensor<float> term = termBuf.Get<float>();
+        LocalTensor<float> work = workBuf.Get<float>();
+        LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
+        for (uint32_t seg = 0; seg < geo.segments; ++seg) {
+            for (uint32_t c = 0; c < geo.DataChunks(seg); ++c) {
+                uint64_t start = geo.ChunkStart(seg, c);
+                uint32_t len = geo.ChunkLength(seg, c);
+                CopyIn(rowStart + start, len);
+                ComputeScaled(w, len);
+                LocalTensor<float> out = outQueue.AllocTensor<float>();
+                if constexpr (OP == SoftmaxOp::ENTROPY_BACKWARD) {
+                    AscendC::Adds(w, w, -s.shift, lanes);           // d = w - shift
+                    CanonicalExp(e, w, work, bits, lanes);
+                    AscendC::Muls(term, e, s.recip, lanes);         // q = e * recip
+                    LocalTensor<float> a = accBuf.Get<float>();
+                    AscendC::Duplicate(a, s.logTotal, lanes);
+                    AscendC::Sub(a, a, w, lanes);                   // a = log_total - d
+                    AscendC::Adds(a, a, -h, lanes);                 // a - H
+                    AscendC::Mul(term, term, a, lanes);
+                    AscendC::Muls(term, term, g, lanes);
+                    AscendC::Muls(out, term, scale, lanes);
+                    AscendC::Compares(bits, e, 0.0f, AscendC::CMPMODE::NE, lanes);
+                    AscendC::Select(out, bits, out, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
+                    // A masked entry has e == 0 already, except in a row whose shift is NaN.
+                    if (hasMask) {
+                        AscendC::Select(out, maskBitsBuf.Get<uint8_t>(), out, 0.0f,
+                                        AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
+                    }
+                } else {
+                    // P = exp(ls), ls the forward's log_softmax (-inf everywhere in an empty row).
+                    if (s.total == 0.0f) {
+                        AscendC::Duplicate(w, NegInf(), lanes);
+                    } else {
+                        AscendC::Adds(w, w, -s.shift, lanes);
+                        AscendC::Adds(w, w, -s.logTotal, lanes);
+                    }
+                    CanonicalExp(e, w, work, bits, lanes);
+                    if constexpr (OP == SoftmaxOp::LOGSUMEXP_BACKWARD) {
+                        AscendC::Muls(out, e, g, lanes);            // g * P
+                        AscendC::Muls(out, out, scale, lanes);
+                        if (hasMask) {
+                            AscendC::Select(out, maskBitsBuf.Get<uint8_t>(), out, 0.0f,
+                                            AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
+                        }
+                    } else {
+                        AscendC::Muls(e, e, g, lanes);              // P * g
+                        AscendC::Duplicate(out, 0.0f, lanes);
+                        const int64_t lane = token - static_cast<int64_t>(start);   // the token's lane, if here
+                        if (lane >= 0 && lane < static_cast<int64_t>(len)) {
+                            AscendC::Compares(bits, laneIndexBuf.Get<float>(), static_cast<float>(lane),
+                                              AscendC::CMPMODE::EQ, lanes);
+                            AscendC::Duplicate(term, g, lanes);
+                            AscendC::Select(out, bits, term, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
+                        }
+                        AscendC::Sub(out, out, e, lanes);           // select(i == t, g, +0.0) - P * g
+                        AscendC::Muls(out, out, scale, lanes);
+                    }
+                }
+                outQueue.EnQue(out);
+                CopyOut(rowStart + start, len);
+            }
+        }
+    }
+
     __aicore__ inline float TokenLogprob(uint32_t row, uint64_t rowStart, const SoftmaxStats& s)
     {
         if (s.total == 0.0f) {
@@ -282,6 +409,7 @@ private:
     AscendC::TBuf<AscendC::TPosition::VECCALC> laneIndexBuf;
     AscendC::TBuf<AscendC::TPosition::VECCALC> maskHalfBuf;
     AscendC::TBuf<AscendC::TPosition::VECCALC> bitsBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> maskBitsBuf;
     AscendC::TBuf<AscendC::TPosition::VECCALC> segMaxBuf;
     AscendC::TBuf<AscendC::TPosition::VECCALC> segCountBuf;
     AscendC::TBuf<AscendC::TPosition::VECCALC> segRestBuf;
@@ -290,6 +418,193 @@ private:
     AscendC::GlobalTensor<float> xGm;
     AscendC::GlobalTensor<uint8_t> maskGm;
     AscendC::GlobalTensor<int64_t> tokensGm;
+    AscendC::GlobalTensor<float> outGm;
+    AscendC::GlobalTensor<float> gGm;
+    AscendC::GlobalTensor<float> hGm;
+    RowGeometry geo;
+    Range share;
+    uint32_t cols = 0;
+    float scale = 1.0f;
+    bool hasMask = false;
+};
+
+// ---- Backward (spec 26) of log_softmax and softmax, from the forward's output ---------------
+
+enum class OutputGradOp { LOG_SOFTMAX, SOFTMAX };
+
+template <OutputGradOp OP>
+class KernelSoftmaxOutputGrad {
+public:
+    __aicore__ inline KernelSoftmaxOutputGrad() {}
+
+    // y: the forward's output f32[rows, cols]; mask: bool[rows, cols] or nullptr; g: f32[rows, cols].
+    __aicore__ inline void Init(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                uint32_t hasMask, float scale)
+    {
+        this->cols = cols;
+        this->scale = scale;
+        this->hasMask = hasMask != 0;
+        geo = MakeRowGeometry(cols);
+        share = ThisCoresShare(rows);
+        uint64_t elements = static_cast<uint64_t>(rows) * cols;
+        yGm.SetGlobalBuffer((__gm__ float*)y, elements);
+        gGm.SetGlobalBuffer((__gm__ float*)g, elements);
+        outGm.SetGlobalBuffer((__gm__ float*)out, elements);
+        pipe.InitBuffer(yQueue, BUFFER_NUM, LANES * sizeof(float));
+        pipe.InitBuffer(gQueue, BUFFER_NUM, LANES * sizeof(float));
+        pipe.InitBuffer(outQueue, BUFFER_NUM, LANES * sizeof(float));
+        if (this->hasMask) {
+            maskGm.SetGlobalBuffer((__gm__ uint8_t*)mask, elements);
+            pipe.InitBuffer(maskQueue, BUFFER_NUM, LANES * sizeof(uint8_t));
+            pipe.InitBuffer(maskHalfBuf, LANES * sizeof(half));
+        }
+        pipe.InitBuffer(accBuf, LANES * sizeof(float));
+        pipe.InitBuffer(termBuf, LANES * sizeof(float));
+        pipe.InitBuffer(workBuf, 4 * LANES * sizeof(float));
+        pipe.InitBuffer(laneIndexBuf, LANES * sizeof(float));
+        pipe.InitBuffer(bitsBuf, LANES / 8);
+        pipe.InitBuffer(partialBuf, MAX_SEGMENTS * sizeof(float));
+        FillLaneIndex(laneIndexBuf.Get<float>());
+        ScalarToVectorSync();
+    }
+
+    __aicore__ inline void Process()
+    {
+        for (uint32_t row = share.begin; row < share.end; ++row) {
+            uint64_t rowStart = static_cast<uint64_t>(row) * cols;
+            MapRow(rowStart, RowSum(rowStart));
+        }
+    }
+
+private:
+    // ---- Stages of one chunk ------------------------------------------------
+
+    // g and the mask (if any), and y when the stage reads it.
+    __aicore__ inline void CopyIn(uint64_t offset, uint32_t len, bool withY)
+    {
+        EnqueueRowChunk(gQueue, maskQueue, gGm, maskGm, hasMask, offset, len);
+        if (withY) {
+            LocalTensor<float> y = yQueue.AllocTensor<float>();
+            LoadChunk(y, yGm[offset], len);
+            yQueue.EnQue(y);
+        }
+    }
+
+    // acc += select(m, g, -0.0) (log_softmax) or select(m, g * p, -0.0) (softmax), lanes >= len -0.0.
+    __aicore__ inline void ComputeTerm(const LocalTensor<float>& acc, uint32_t len)
+    {
+        const uint32_t lanes = geo.lanes;
+        LocalTensor<float> g = gQueue.DeQue<float>();
+        LocalTensor<float> term = termBuf.Get<float>();
+        LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
+        LocalTensor<float> v = g;
+        if constexpr (OP == OutputGradOp::SOFTMAX) {
+            LocalTensor<float> p = yQueue.DeQue<float>();
+            AscendC::Mul(term, g, p, lanes);
+            yQueue.FreeTensor(p);
+            v = term;
+        }
+        if (hasMask) {
+            LocalTensor<uint8_t> m = maskQueue.DeQue<uint8_t>();
+            SelectUnmasked(term, v, m, maskHalfBuf.Get<half>(), bits, lanes, NegZero());
+            maskQueue.FreeTensor(m);
+            v = term;
+        }
+        if (len < lanes) {
+            SelectValidLanes(term, v, laneIndexBuf.Get<float>(), bits, len, lanes, NegZero());
+            v = term;
+        }
+        AscendC::Add(acc, acc, v, lanes);
+        gQueue.FreeTensor(g);
+    }
+
+    // out = select(m, (g - exp(y) * G) * scale, +0.0) or select(m, (p * (g - G)) * scale, +0.0).
+    __aicore__ inline void ComputeGrad(float bigG)
+    {
+        const uint32_t lanes = geo.lanes;
+        LocalTensor<float> g = gQueue.DeQue<float>();
+        LocalTensor<float> y = yQueue.DeQue<float>();
+        LocalTensor<float> out = outQueue.AllocTensor<float>();
+        LocalTensor<float> term = termBuf.Get<float>();
+        LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
+        if constexpr (OP == OutputGradOp::LOG_SOFTMAX) {
+            CanonicalExp(term, y, workBuf.Get<float>(), bits, lanes);
+            AscendC::Muls(term, term, bigG, lanes);
+            AscendC::Sub(out, g, term, lanes);
+        } else {
+            AscendC::Adds(term, g, -bigG, lanes);         // g + (-G) == g - G in IEEE
+            AscendC::Mul(out, y, term, lanes);
+        }
+        AscendC::Muls(out, out, scale, lanes);
+        yQueue.FreeTensor(y);
+        gQueue.FreeTensor(g);
+        if (hasMask) {
+            LocalTensor<uint8_t> m = maskQueue.DeQue<uint8_t>();
+            SelectUnmasked(out, out, m, maskHalfBuf.Get<half>(), bits, lanes, 0.0f);
+            maskQueue.FreeTensor(m);
+        }
+        outQueue.EnQue(out);
+    }
+
+    __aicore__ inline void CopyOut(uint64_t offset, uint32_t len)
+    {
+        LocalTensor<float> out = outQueue.DeQue<float>();
+        StoreChunk(outGm[offset], out, len);
+        outQueue.FreeTensor(out);
+    }
+
+    // ---- Passes over a row ----------------------------------------------------
+
+    // Pass 1: G, the canonical sum (spec 3) of the counted terms.
+    __aicore__ inline float RowSum(uint64_t rowStart)
+    {
+        LocalTensor<float> partials = partialBuf.Get<float>();
+        LocalTensor<float> acc = accBuf.Get<float>();
+        AscendC::Duplicate(partials, NegZero(), geo.PartialLanes());
+        for (uint32_t seg = 0; seg < geo.segments; ++seg) {
+            AscendC::Duplicate(acc, NegZero(), geo.lanes);
+            for (uint32_t c = 0; c < geo.DataChunks(seg); ++c) {
+                uint32_t len = geo.ChunkLength(seg, c);
+                CopyIn(rowStart + geo.ChunkStart(seg, c), len, OP == OutputGradOp::SOFTMAX);
+                ComputeTerm(acc, len);
+            }
+            partials.SetValue(seg, TreeSum(acc, geo.treeWidth));
+            ScalarToVectorSync();
+        }
+        float bigG = TreeSum(partials, NextPow2(geo.segments));
+        ScalarToVectorSync();
+        return bigG;
+    }
+
+    // Pass 2: dx chunk by chunk.
+    __aicore__ inline void MapRow(uint64_t rowStart, float bigG)
+    {
+        for (uint32_t seg = 0; seg < geo.segments; ++seg) {
+            for (uint32_t c = 0; c < geo.DataChunks(seg); ++c) {
+                uint64_t offset = rowStart + geo.ChunkStart(seg, c);
+                uint32_t len = geo.ChunkLength(seg, c);
+                CopyIn(offset, len, true);
+                ComputeGrad(bigG);
+                CopyOut(offset, len);
+            }
+        }
+    }
+
+    AscendC::TPipe pipe;
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> yQueue;
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> gQueue;
+    AscendC::TQue<AscendC::TPosition::VECIN, BUFFER_NUM> maskQueue;
+    AscendC::TQue<AscendC::TPosition::VECOUT, BUFFER_NUM> outQueue;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> accBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> termBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> workBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> laneIndexBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> maskHalfBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> bitsBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> partialBuf;
+    AscendC::GlobalTensor<float> yGm;
+    AscendC::GlobalTensor<float> gGm;
+    AscendC::GlobalTensor<uint8_t> maskGm;
     AscendC::GlobalTensor<float> outGm;
     RowGeometry geo;
     Range share;
@@ -337,5 +652,53 @@ extern "C" __global__ __aicore__ void bitparity_token_logprobs(GM_ADDR x, GM_ADD
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::TOKEN_LOGPROBS> op;
     op.Init(x, tokens, out, rows, cols, 0, scale);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
+                                                                   uint32_t rows, uint32_t cols, uint32_t hasMask,
+                                                                   float scale)
+{
+    bitparity::KernelSoftmax<bitparity::SoftmaxOp::LOGSUMEXP_BACKWARD> op;
+    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.InitGradient(g, nullptr, rows);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
+                                                                     uint32_t rows, uint32_t cols, uint32_t hasMask,
+                                                                     float scale)
+{
+    bitparity::KernelSoftmaxOutputGrad<bitparity::OutputGradOp::LOG_SOFTMAX> op;
+    op.Init(y, mask, g, out, rows, cols, hasMask, scale);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
+                                                                 uint32_t rows, uint32_t cols, uint32_t hasMask,
+                                                                 float scale)
+{
+    bitparity::KernelSoftmaxOutputGrad<bitparity::OutputGradOp::SOFTMAX> op;
+    op.Init(p, mask, g, out, rows, cols, hasMask, scale);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g,
+                                                                 GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                 uint32_t hasMask, float scale)
+{
+    bitparity::KernelSoftmax<bitparity::SoftmaxOp::ENTROPY_BACKWARD> op;
+    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.InitGradient(g, h, rows);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR g,
+                                                                        GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                        float scale)
+{
+    bitparity::KernelSoftmax<bitparity::SoftmaxOp::TOKEN_LOGPROBS_BACKWARD> op;
+    op.Init(x, tokens, out, rows, cols, 0, scale);
+    op.InitGradient(g, nullptr, rows);
     op.Process();
 }

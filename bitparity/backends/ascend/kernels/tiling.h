@@ -181,6 +181,21 @@ __aicore__ inline void SelectUnmasked(const LocalTensor<float>& dst, const Local
     AscendC::Select(dst, bits, src, fill, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, lanes);
 }
 
+// count[i] += (mask[i] ? 1.0 : -0.0) for i < len, -0.0 for the lanes past len: one chunk of a
+// mask's count (ones: lanes floats of 1.0; term: scratch).  Every partial count is an integer of at
+// most 2^24 (MAX_ROW), so each addition is exact and the count is the same in any order.
+__aicore__ inline void AccumulateCount(const LocalTensor<float>& count, const LocalTensor<uint8_t>& mask,
+                                       const LocalTensor<half>& maskHalf, const LocalTensor<float>& ones,
+                                       const LocalTensor<float>& term, const LocalTensor<float>& laneIndex,
+                                       const LocalTensor<uint8_t>& bits, uint32_t len, uint32_t lanes)
+{
+    SelectUnmasked(term, ones, mask, maskHalf, bits, lanes, NegZero());
+    if (len < lanes) {
+        SelectValidLanes(term, term, laneIndex, bits, len, lanes, NegZero());
+    }
+    AscendC::Add(count, count, term, lanes);
+}
+
 // Per-row results (one value per row: float, or the int64 tokens of sampling.cpp)
 // collected by the scalar unit in a VECOUT TBuf and written to GM in runs of
 // RESULTS_PER_FLUSH with DataCopyPad.

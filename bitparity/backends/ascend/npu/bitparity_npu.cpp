@@ -437,6 +437,149 @@ at::Tensor SiluMulOp(const at::Tensor& gate, const at::Tensor& up)
     return out;
 }
 
+// ---- Backward (spec 26) --------------------------------------------------------------
+
+// The contract's per-row g (and entropy's h) of the softmax family: float32 [rows] on x's device.
+at::Tensor LogsumexpBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale,
+                               const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    CheckShaped(g, x, {rows}, "g");
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_logsumexp_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(g), Gm(out), rows,
+                     cols, mask.has_value(), Scale(scale));
+    return out;
+}
+
+// y: the forward's output; g shaped like it.
+at::Tensor LogSoftmaxBackwardOp(const at::Tensor& y, const c10::optional<at::Tensor>& mask, double scale,
+                                const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(y.device());
+    CheckX(y, 2);
+    CheckLike(g, y, "g");
+    const int64_t rows = y.size(0), cols = y.size(1);
+    at::Tensor out = at::empty_like(y);
+    BITPARITY_LAUNCH(bitparity_log_softmax_backward, Blocks(rows), Gm(y), MaskAddress(y, mask), Gm(g), Gm(out), rows,
+                     cols, mask.has_value(), Scale(scale));
+    return out;
+}
+
+// p: the forward's output; g shaped like it.
+at::Tensor SoftmaxBackwardOp(const at::Tensor& p, const c10::optional<at::Tensor>& mask, double scale,
+                             const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(p.device());
+    CheckX(p, 2);
+    CheckLike(g, p, "g");
+    const int64_t rows = p.size(0), cols = p.size(1);
+    at::Tensor out = at::empty_like(p);
+    BITPARITY_LAUNCH(bitparity_softmax_backward, Blocks(rows), Gm(p), MaskAddress(p, mask), Gm(g), Gm(out), rows,
+                     cols, mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor EntropyBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale,
+                             const at::Tensor& h, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    CheckShaped(h, x, {rows}, "h");
+    CheckShaped(g, x, {rows}, "g");
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_entropy_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(h), Gm(g), Gm(out),
+                     rows, cols, mask.has_value(), Scale(scale));
+    return out;
+}
+
+at::Tensor TokenLogprobsBackwardOp(const at::Tensor& x, const at::Tensor& tokens, double scale, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    CheckRowParameter(tokens, x, at::kLong, "tokens");
+    CheckShaped(g, x, {rows}, "g");
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_token_logprobs_backward, Blocks(rows), Gm(x), Gm(tokens), Gm(g), Gm(out), rows, cols,
+                     Scale(scale));
+    return out;
+}
+
+// mask: bool [rows, cols], the only input shaped like the result; g: float32 [rows].
+at::Tensor MaskedMeanBackwardOp(const at::Tensor& mask, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(mask.device());
+    TORCH_CHECK(mask.device().type() == c10::DeviceType::PrivateUse1 && mask.scalar_type() == at::kBool &&
+                    mask.dim() == 2 && mask.is_contiguous(),
+                "bitparity (ascend): mask must be a contiguous bool NPU tensor [rows, cols]");
+    TORCH_CHECK(mask.numel() < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+    TORCH_CHECK(mask.size(1) <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ",
+                bitparity::MAX_ROW, " floats");
+    const int64_t rows = mask.size(0), cols = mask.size(1);
+    CheckShaped(g, mask, {rows}, "g");
+    at::Tensor out = at::empty(mask.sizes(), mask.options().dtype(at::kFloat));
+    BITPARITY_LAUNCH(bitparity_masked_mean_backward, Blocks(rows), Gm(mask), Gm(g), Gm(out), rows, cols);
+    return out;
+}
+
+at::Tensor MaskedWhitenBackwardOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased,
+                                  double eps, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    CheckLike(g, x, "g");
+    const int64_t rows = x.size(0), cols = x.size(1);
+    at::Tensor out = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_masked_whiten_backward, Blocks(rows), Gm(x), RequiredMask(x, mask), Gm(g), Gm(out),
+                     rows, cols, shiftMean, unbiased, Float32(eps));
+    return out;
+}
+
+// The gradient w.r.t. ref_logp; the backend flips its sign for logp.
+at::Tensor KlPenaltyBackwardOp(const at::Tensor& logp, const at::Tensor& refLogp, int64_t kind, double clamp,
+                               double logRatioClamp, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(logp.device());
+    CheckX(logp, 1);
+    CheckLike(refLogp, logp, "ref_logp");
+    CheckLike(g, logp, "g");
+    TORCH_CHECK(kind >= 0 && kind <= 3, "bitparity (ascend): kind is a KlKind code (kernels/kl.cpp)");
+    at::Tensor out = at::empty_like(logp);
+    const int64_t n = logp.numel();
+    BITPARITY_LAUNCH(bitparity_kl_penalty_backward, Tiles(n), Gm(logp), Gm(refLogp), Gm(g), Gm(out), n, kind,
+                     Float32(clamp), Float32(logRatioClamp));
+    return out;
+}
+
+// Two launches on the stream, in order: the per-sequence token weights (one core for token-mean, which
+// counts the whole mask), then the per-token gradient w.r.t. logp.  g: the loss's gradient, float32 [1].
+at::Tensor PpoPolicyLossBackwardOp(const at::Tensor& logp, const at::Tensor& oldLogp, const at::Tensor& advantages,
+                                   const at::Tensor& mask, double ratioLow, double ratioHigh, double dualClip,
+                                   double ratioClamp, int64_t agg, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(logp.device());
+    CheckX(logp, 2);
+    CheckLike(oldLogp, logp, "old_logp");
+    CheckLike(advantages, logp, "advantages");
+    CheckShaped(g, logp, {1}, "g");
+    TORCH_CHECK(agg >= 0 && agg <= 2, "bitparity (ascend): agg is a PpoAgg code (kernels/ppo.cpp)");
+    const int64_t rows = logp.size(0), cols = logp.size(1);
+    const int64_t longest = agg == 0 ? rows * cols : std::max(rows, cols);
+    TORCH_CHECK(longest <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ", bitparity::MAX_ROW,
+                " floats (the PPO mean runs over all B * T tokens for token-mean, over B sequences otherwise)");
+    at::Tensor weights = at::empty({rows}, logp.options());
+    at::Tensor out = at::empty_like(logp);
+    BITPARITY_LAUNCH(bitparity_ppo_token_weights, agg == 0 ? 1u : Blocks(rows), RequiredMask(logp, mask), Gm(g),
+                     Gm(weights), rows, cols, agg);
+    BITPARITY_LAUNCH(bitparity_ppo_policy_loss_backward, Blocks(rows), Gm(logp), Gm(oldLogp), Gm(advantages),
+                     RequiredMask(logp, mask), Gm(weights), Gm(out), rows, cols, Float32(ratioLow),
+                     Float32(ratioHigh), Float32(dualClip), Float32(ratioClamp));
+    return out;
+}
+
 }  // namespace bitparity_npu
 
 TORCH_LIBRARY(bitparity_ascend, m)
@@ -466,6 +609,19 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale) -> Tensor");
     m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+    // Backward (spec 26)
+    m.def("logsumexp_backward(Tensor x, Tensor? mask, float scale, Tensor g) -> Tensor");
+    m.def("log_softmax_backward(Tensor y, Tensor? mask, float scale, Tensor g) -> Tensor");
+    m.def("softmax_backward(Tensor p, Tensor? mask, float scale, Tensor g) -> Tensor");
+    m.def("entropy_backward(Tensor x, Tensor? mask, float scale, Tensor h, Tensor g) -> Tensor");
+    m.def("token_logprobs_backward(Tensor x, Tensor tokens, float scale, Tensor g) -> Tensor");
+    m.def("masked_mean_backward(Tensor mask, Tensor g) -> Tensor");
+    m.def("masked_whiten_backward(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps, Tensor g) "
+          "-> Tensor");
+    m.def("kl_penalty_backward(Tensor logp, Tensor ref_logp, int kind, float clamp, float log_ratio_clamp, "
+          "Tensor g) -> Tensor");
+    m.def("ppo_policy_loss_backward(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, float ratio_low, "
+          "float ratio_high, float dual_clip, float ratio_clamp, int agg, Tensor g) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
@@ -492,4 +648,13 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("rotary", TORCH_FN(bitparity_npu::RotaryOp));
     m.impl("attention", TORCH_FN(bitparity_npu::AttentionOp));
     m.impl("silu_mul", TORCH_FN(bitparity_npu::SiluMulOp));
+    m.impl("logsumexp_backward", TORCH_FN(bitparity_npu::LogsumexpBackwardOp));
+    m.impl("log_softmax_backward", TORCH_FN(bitparity_npu::LogSoftmaxBackwardOp));
+    m.impl("softmax_backward", TORCH_FN(bitparity_npu::SoftmaxBackwardOp));
+    m.impl("entropy_backward", TORCH_FN(bitparity_npu::EntropyBackwardOp));
+    m.impl("token_logprobs_backward", TORCH_FN(bitparity_npu::TokenLogprobsBackwardOp));
+    m.impl("masked_mean_backward", TORCH_FN(bitparity_npu::MaskedMeanBackwardOp));
+    m.impl("masked_whiten_backward", TORCH_FN(bitparity_npu::MaskedWhitenBackwardOp));
+    m.impl("kl_penalty_backward", TORCH_FN(bitparity_npu::KlPenaltyBackwardOp));
+    m.impl("ppo_policy_loss_backward", TORCH_FN(bitparity_npu::PpoPolicyLossBackwardOp));
 }
