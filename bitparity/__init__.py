@@ -6,17 +6,18 @@ literally), `cuda` (Triton), `ascend` (Ascend C). `native` is torch's own ops,
 the baseline for comparison.
 """
 
+from . import compat, metrics
 from .backends import backends, current_backend, use_backend
 from .beam import BeamSearchOutput, beam_search
 from .ops import (attention, beam_search_step, entropy, exp, filter_logits, gae, kl_penalty, linear, log, log_softmax,
-                  logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm, rotary, rotary_tables, sample,
-                  silu_mul, softmax, sum, token_logprobs, topk)
+                  logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm, rollout_correction, rotary,
+                  rotary_tables, sample, silu_mul, softmax, sum, token_logprobs, topk)
 from .spec import SPEC_VERSION
 
 __all__ = [
     "SPEC_VERSION", "backends", "current_backend", "use_backend",
     "sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "log",
-    "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss",
+    "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss", "rollout_correction", "metrics", "compat",
     "topk", "filter_logits", "sample", "beam_search_step", "beam_search", "BeamSearchOutput",
     "linear", "rms_norm", "rotary", "rotary_tables", "attention", "silu_mul", "moe",
 ]

@@ -27,7 +27,7 @@ ARGUMENTS = {
     "exp": ("x",),
     "log": ("x",),
     "masked_mean": ("x", "mask"),
-    "masked_whiten": ("x", "mask", "shift_mean", "unbiased", "eps"),
+    "masked_whiten": ("x", "mask", "shift_mean", "unbiased", "eps", "eps_mode"),
     "kl_penalty": ("logp", "ref_logp", "kind", "clamp", "log_ratio_clamp"),
     "gae": ("rewards", "values", "mask", "bootstrap", "gamma", "gamma_lambda", "mask_mode"),
     "ppo_policy_loss": ("logp", "old_logp", "advantages", "mask", "clip_low", "clip_high", "dual_clip",
@@ -54,6 +54,8 @@ _NOT_DIFFERENTIABLE = {
     "sample": "sampling is not differentiable; recompute differentiable log-probabilities with token_logprobs",
     "beam_search_step": "beam search selects candidates; recompute differentiable log-probabilities with "
                         "token_logprobs",
+    "rollout_correction": "its weights are constants of the loss (verl, TRL and OpenRLHF detach them); pass "
+                          "old_logp.detach() and rollout_logp.detach()",
 }
 
 
@@ -118,7 +120,7 @@ def _masked_mean(module, args, outs, grads, needs):
 
 
 def _masked_whiten(module, args, outs, grads, needs):
-    return (module.masked_whiten_backward(*args, _dense(grads[0])),) + (None,) * 4
+    return (module.masked_whiten_backward(*args, _dense(grads[0])),) + (None,) * 5
 
 
 def _kl_penalty(module, args, outs, grads, needs):

@@ -287,7 +287,7 @@ def _rl_check(args):
     why = args.json and _writable(args.json)
     if why:
         return _fail("rl-check", f"--json {why}")
-    doc, _ = check.check(args.backend, args.seed, native=args.native)
+    doc, _ = check.check(args.backend, args.seed, native=args.native, correction=args.rollout_correction)
     doc["spec_version"] = SPEC_VERSION
     c = doc["config"]
     print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}\n"
@@ -299,6 +299,12 @@ def _rl_check(args):
     print(_rl_report(doc, args.backend))
     if doc["published_digest"] is not None:
         print(f"spec §25.6's digest for seed {args.seed}: {'matches' if doc['matches_published'] else 'DIFFERS'}")
+    if args.rollout_correction is not None:
+        runs = [(args.backend, doc)] + ([("native", doc["native"])] if args.native else [])
+        print("\nmismatch metrics (spec 27.2), rollout correction " +
+              ", ".join(f"{k}={v}" for k, v in args.rollout_correction.items()) + ":\n" +
+              tabulate([(name, *(f"{v:.6g}" for v in d["mismatch"].values())) for name, d in runs],
+                       headers=("backend", *doc["mismatch"]), tablefmt="github"))
     if args.native:
         print("\n" + _rl_report(doc["native"], "native"))
         cells = [(r["max_batch"], r["micro_batch"], f"{r['max_abs_logp_diff']:.3g}", f"{r['logp_equal_percent']:.1f}",
@@ -324,7 +330,27 @@ def _add_rl_check_parser(sub):
                    "tabulate its mismatch by rollout batch cap and trainer micro-batch")
     p.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the report to FILE as JSON")
+    p.add_argument("--rollout-correction", metavar="LEVEL,MODE,THRESHOLD[,LOW]", type=_correction,
+                   help="also report the mismatch metrics and the fraction of tokens this rollout correction "
+                        "(bitparity.rollout_correction) would drop, e.g. token,mask,2,0.5 (IcePop)")
     p.set_defaults(func=_rl_check)
+
+
+def _correction(text):
+    """LEVEL,MODE,THRESHOLD[,LOW] -> rollout_correction's keyword arguments (checked by the op itself)."""
+    parts = text.split(",")
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"expected LEVEL,MODE,THRESHOLD[,LOW]; got {text!r}")
+    from .ops import ROLLOUT_LEVELS, ROLLOUT_MODES
+    if parts[0] not in ROLLOUT_LEVELS or parts[1] not in ROLLOUT_MODES:
+        raise argparse.ArgumentTypeError(f"LEVEL must be one of {', '.join(ROLLOUT_LEVELS)} and MODE one of "
+                                         f"{', '.join(ROLLOUT_MODES)}; got {text!r}")
+    try:
+        bounds = [float(p) for p in parts[2:]]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"THRESHOLD and LOW must be numbers; got {text!r}") from None
+    return {"level": parts[0], "mode": parts[1], "threshold": bounds[0],
+            **({"threshold_low": bounds[1]} if len(bounds) == 2 else {})}
 
 
 def main(argv=None):

@@ -184,7 +184,8 @@ def log(x, *, backend=None):
 # -- RL operators -------------------------------------------------------------------
 
 KL_KINDS = ("k1", "k2", "k3", "abs")
-PPO_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+PPO_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+EPS_MODES = ("add", "clamp")
 GAE_MASK_MODES = ("carry", "zero")
 
 
@@ -262,12 +263,12 @@ def masked_mean(x, mask, dim=None, *, backend=None):
     return out.reshape(moved.shape[:-1])
 
 
-def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, backend=None):
+def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, eps_mode="add", backend=None):
     """(x - mean) * rsqrt(var + eps) over all entries where mask is True (verl/TRL's masked_whiten).
 
     unbiased=True divides the sum of squares by count - 1 (TRL, verl), False by count (OpenRLHF);
-    shift_mean=False adds the mean back. Entries where mask is False come out as 0.0, so an
-    all-masked input gives all zeros.
+    eps_mode="clamp" takes rsqrt(max(var, eps)) instead (OpenRLHF); shift_mean=False adds the mean back.
+    Entries where mask is False come out as 0.0, so an all-masked input gives all zeros. Differentiable in x.
     """
     _check_float_tensor("x", x, 1)
     _required_mask(mask, x)
@@ -275,7 +276,9 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, backend=
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
     eps = _normal_float32("eps", eps)
-    out = _call("masked_whiten", backend, _flat(x), mask.reshape(1, -1).contiguous(), shift_mean, unbiased, _f32(eps))
+    _check_choice("eps_mode", eps_mode, EPS_MODES)
+    out = _call("masked_whiten", backend, _flat(x), mask.reshape(1, -1).contiguous(), shift_mean, unbiased, _f32(eps),
+                eps_mode)
     return out.reshape(x.shape)
 
 
@@ -354,6 +357,57 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high
     loss, frac = _call("ppo_policy_loss", backend, _rows(logp), _rows(old_logp), _rows(advantages), rows_mask,
                        low, high, _f32(dual_clip), _f32(ratio_clamp), agg)
     return loss.reshape(()), frac.reshape(())
+
+
+ROLLOUT_LEVELS = ("token", "sequence", "geometric")
+ROLLOUT_MODES = ("truncate", "mask")
+
+
+def rollout_correction(old_logp, rollout_logp, mask, *, level="token", mode="truncate", threshold=2.0,
+                       threshold_low=None, log_ratio_clamp=None, backend=None):
+    """Importance weights for tokens the rollout engine sampled (spec 27): [B, T] log-probabilities of the
+    trainer (old_logp) and of the rollout -> (weights f32 [B, T], keep bool [B, T]).
+
+    The ratio pi_train / pi_rollout is exp(old_logp - rollout_logp) per token (level="token"), exp of the
+    sequence's masked sum of log-ratios ("sequence") or of their masked mean ("geometric"), the latter two
+    the same for every token of a sequence. mode="truncate" (TIS) weighs each counted token by
+    min(max(ratio, threshold_low), threshold) and keeps it; mode="mask" (MIS, IcePop, rejection) keeps a
+    token, or a whole sequence, iff threshold_low <= ratio <= threshold and weighs it by the ratio, else 0.
+    threshold_low None is no lower bound; log_ratio_clamp clamps the log-ratio first (verl: 20). Tokens
+    outside mask get weight 0 and keep False. Not differentiable: every peer treats the weights as constants.
+    """
+    _check_float_tensor("old_logp", old_logp, 2)
+    if old_logp.dim() != 2:
+        raise ValueError(f"old_logp must have shape [B, T]; got {tuple(old_logp.shape)}")
+    _check_same_shape("rollout_logp", rollout_logp, "old_logp", old_logp)
+    rows_mask = _required_mask(mask, old_logp)
+    _check_choice("level", level, ROLLOUT_LEVELS)
+    _check_choice("mode", mode, ROLLOUT_MODES)
+    high = _f32(_normal_float32("threshold", threshold))
+    low = _f32(_positive_bound("threshold_low", threshold_low))
+    if low is not None and low > high:
+        raise ValueError(f"threshold_low must be <= threshold = {high}; got {low}")
+    clamp = _f32(_positive_bound("log_ratio_clamp", log_ratio_clamp))
+    _autograd.refuse_grad("rollout_correction", old_logp=old_logp, rollout_logp=rollout_logp)
+    old, rollout = _rows(old_logp), _rows(rollout_logp)
+    log_ratio = old - rollout                                             # one rounding
+    if clamp is not None:
+        log_ratio = log_ratio.clamp(-clamp, clamp)                        # NaN-propagating
+    if level == "token":
+        ratio = _call("exp", backend, log_ratio.reshape(-1)).reshape(old.shape)
+    else:
+        per_sequence = _call("sum" if level == "sequence" else "masked_mean", backend, log_ratio, rows_mask)
+        ratio = _call("exp", backend, per_sequence)[:, None].expand(old.shape)
+    if mode == "truncate":
+        weights = ratio if low is None else torch.maximum(ratio, torch.tensor(low, device=ratio.device))
+        weights = torch.minimum(weights, torch.tensor(high, device=ratio.device))
+        keep = rows_mask
+    else:
+        inside = (ratio <= high) & (True if low is None else ratio >= low)
+        keep = rows_mask & inside
+        weights = torch.where(keep, ratio, 0.0)
+    weights = torch.where(rows_mask, weights, 0.0)
+    return weights.reshape(old_logp.shape), keep.reshape(old_logp.shape)
 
 
 # -- Selection, sampling and beam search (spec 19-23) ----------------------------------

@@ -40,6 +40,7 @@ def _calls():
         "gae": lambda be: bp.gae(_x(B, T), _x(B, T), backend=be),
         "filter_logits": lambda be: bp.filter_logits(_x(B, V), top_k=2, backend=be),
         "sample": lambda be: bp.sample(_x(B, V), seeds, positions, backend=be),
+        "rollout_correction": lambda be: bp.rollout_correction(_x(B, T), torch.randn(B, T), _mask(B, T), backend=be),
         "beam_search_step": lambda be: bp.beam_search_step(torch.zeros(2), _x(2, V), 2, backend=be),
         "beam_search": lambda be: bp.beam_search(lambda seq: _x(seq.shape[0], V), torch.zeros(1, 1, dtype=torch.int64),
                                                  num_beams=2, max_new_tokens=2, eos_token_id=0, backend=be),
@@ -57,12 +58,13 @@ def _calls():
 DIFFERENTIABLE = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "exp", "masked_mean",
                   "masked_whiten", "kl_penalty", "ppo_policy_loss", "topk")
 MODEL_BLOCKS = ("linear", "rms_norm", "rotary", "attention", "silu_mul", "moe")
-NOT_DIFFERENTIABLE = ("log", "gae", "filter_logits", "sample", "beam_search_step", "beam_search")
+NOT_DIFFERENTIABLE = ("log", "gae", "filter_logits", "sample", "beam_search_step", "beam_search", "rollout_correction")
 NO_TENSOR_INPUT = ("rotary_tables",)
 
 
 def test_every_public_op_is_classified():
     ops = {name for name in bp.__all__ if callable(getattr(bp, name)) and not isinstance(getattr(bp, name), type)}
+    # compat's and metrics' functions are compositions of these ops
     ops -= {"backends", "current_backend", "use_backend"}
     assert ops == set(DIFFERENTIABLE + MODEL_BLOCKS + NOT_DIFFERENTIABLE + NO_TENSOR_INPUT)
     assert set(_calls()) == set(DIFFERENTIABLE + MODEL_BLOCKS + NOT_DIFFERENTIABLE)

@@ -136,7 +136,7 @@ def _rl_reference(op, args, kwargs):
     if op == "masked_whiten":
         x, mask = n
         ref = float64.masked_whiten(x.reshape(1, -1), mask.reshape(1, -1), kwargs.get("shift_mean", True),
-                                    kwargs.get("unbiased", True), 1e-8).reshape(-1)
+                                    kwargs.get("unbiased", True), 1e-8, kwargs.get("eps_mode", "add")).reshape(-1)
         return ref, np.full(ref.size, 1.0)
     if op == "kl_penalty":
         logp, ref_logp, kind = n

@@ -283,15 +283,21 @@ def rsqrt(y):
     return np.where(y == POS_INF, F32(0.0), r)
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
-    """[R, N] -> [R, N]: (x - mean) * rsqrt(var + eps) per row over counted entries; 0 where not counted (spec 15.3)."""
+def _floored(var, eps, eps_mode):
+    """var + eps ("add", verl/TRL) or max(var, eps) ("clamp", OpenRLHF), NaN-propagating (spec 15.3)."""
+    return var + F32(eps) if eps_mode == "add" else np.maximum(var, F32(eps))
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    """[R, N] -> [R, N]: (x - mean) * rsqrt(var + eps) (or max(var, eps)) per row over counted entries; 0 where not
+    counted (spec 15.3)."""
     mean = masked_mean(x, mask)
     d = x - mean[:, None]
     ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
     n = mask.sum(axis=1, dtype=np.int64)
     divisor = np.maximum(n - 1 if unbiased else n, 1).astype(F32)
     var = ss * reciprocal(divisor)
-    out = d * rsqrt(var + F32(eps))[:, None]
+    out = d * rsqrt(_floored(var, eps, eps_mode))[:, None]
     if not shift_mean:
         out = out + mean[:, None]
     return np.where(mask, out, F32(0.0))
@@ -375,15 +381,18 @@ def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_cli
 
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
-    """[B, T] -> (loss, clip fraction) as 0-d float32 arrays (spec 17.2)."""
+    """[B, T] -> (loss, clip fraction) as 0-d float32 arrays (spec 17.2): the sequence modes average over the
+    non-empty sequences."""
     loss, clipped = ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp)
-    everything = np.ones((1, logp.shape[0]), dtype=bool)
+    non_empty = mask.any(axis=1)[None, :]
     if agg == "token-mean":
         total = masked_mean(loss.reshape(1, -1), mask.reshape(1, -1))
-    elif agg == "seq-mean-token-sum":
-        total = masked_mean(canonical_sum(np.where(mask, loss, NEG_ZERO))[None, :], everything)
+    elif agg == "seq-mean-token-mean":
+        total = masked_mean(masked_mean(loss, mask)[None, :], non_empty)
     else:
-        total = masked_mean(masked_mean(loss, mask)[None, :], everything)
+        total = masked_mean(canonical_sum(np.where(mask, loss, NEG_ZERO))[None, :], non_empty)
+        if agg == "seq-mean-token-sum-norm":
+            total = total * reciprocal(F32(mask.shape[1]))
     frac = masked_mean(np.where(clipped, F32(1.0), F32(0.0)).reshape(1, -1), mask.reshape(1, -1))
     return total[0], frac[0]
 
@@ -452,19 +461,23 @@ def masked_mean_backward(mask, g):
     return np.where(mask, g[:, None] * _count_reciprocal(count(mask))[:, None], F32(0.0))
 
 
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
     """The forward's mean, d, 1/divisor and inv, then (spec 26.8):
-    dx = ((g - gbar) - z * c) * inv (+ gbar when shift_mean is False), z = d * inv, c = (gd * rk) * inv."""
+    dx = ((g - gbar) - z * c) * inv (+ gbar when shift_mean is False), z = d * inv, c = (gd * rk) * inv,
+    and c = +0.0 where eps_mode="clamp" holds the variance at eps (var < eps)."""
     mean = masked_mean(x, mask)
     d = x - mean[:, None]
     ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
     n = mask.sum(axis=1, dtype=np.int64)
     rk = reciprocal(np.maximum(n - 1 if unbiased else n, 1).astype(F32))
-    inv = rsqrt(ss * rk + F32(eps))
+    var = ss * rk
+    inv = rsqrt(_floored(var, eps, eps_mode))
     g_bar = masked_mean(g, mask)
     gd = canonical_sum(np.where(mask, g * d, NEG_ZERO))
     z = d * inv[:, None]
     c = (gd * rk) * inv
+    if eps_mode == "clamp":
+        c = np.where(var < F32(eps), F32(0.0), c)
     out = ((g - g_bar[:, None]) - z * c[:, None]) * inv[:, None]
     if not shift_mean:
         out = out + g_bar[:, None]
@@ -505,13 +518,15 @@ def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
 
 def ppo_token_weights(mask, agg, g):
     """[B, T] -> f32 [B, 1]: d(loss)/d(token loss) of each sequence's counted tokens (spec 26.10)."""
-    rows = F32(mask.shape[0])
+    sequences = _count_reciprocal(F32(mask.any(axis=1).sum()))        # R(E), E the non-empty sequences
     if agg == "token-mean":
         weight = np.full(mask.shape[0], g * _count_reciprocal(F32(mask.sum())), dtype=F32)
     elif agg == "seq-mean-token-sum":
-        weight = np.full(mask.shape[0], g * _count_reciprocal(rows), dtype=F32)
+        weight = np.full(mask.shape[0], g * sequences, dtype=F32)
+    elif agg == "seq-mean-token-sum-norm":
+        weight = np.full(mask.shape[0], (g * reciprocal(F32(mask.shape[1]))) * sequences, dtype=F32)
     else:
-        weight = (g * _count_reciprocal(rows)) * _count_reciprocal(count(mask))
+        weight = (g * sequences) * _count_reciprocal(count(mask))
     return weight[:, None]
 
 

@@ -107,13 +107,14 @@ def masked_mean(x, mask):
     return np.where(n == 0, 0.0, s / np.maximum(n, 1))
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode="add"):
     x = x.astype(F64)
     mean = masked_mean(x, mask)
     d = x - mean[:, None]
     n = mask.sum(axis=1)
     var = np.where(mask, d * d, 0.0).sum(axis=1) / np.maximum(n - 1 if unbiased else n, 1)
-    out = d / np.sqrt(var + F64(np.float32(eps)))[:, None]
+    eps = F64(np.float32(eps))
+    out = d / np.sqrt(var + eps if eps_mode == "add" else np.maximum(var, eps))[:, None]
     if not shift_mean:
         out = out + mean[:, None]
     return np.where(mask, out, 0.0)
@@ -167,12 +168,15 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     if dual_clip is not None:
         loss = np.where(a < 0, np.minimum(-a * dual_clip, loss), loss)
     flat_mask = mask.reshape(1, -1)
+    non_empty = mask.any(axis=1)[None, :]
     if agg == "token-mean":
         total = masked_mean(loss.reshape(1, -1), flat_mask)[0]
-    elif agg == "seq-mean-token-sum":
-        total = np.where(mask, loss, 0.0).sum(axis=1).mean()
+    elif agg == "seq-mean-token-mean":
+        total = masked_mean(masked_mean(loss, mask)[None, :], non_empty)[0]
     else:
-        total = masked_mean(loss, mask).mean()
+        total = masked_mean(np.where(mask, loss, 0.0).sum(axis=1)[None, :], non_empty)[0]
+        if agg == "seq-mean-token-sum-norm":
+            total = total / mask.shape[1]
     frac = masked_mean((loss2 > loss1).astype(F64).reshape(1, -1), flat_mask)[0]
     return total, frac
 

@@ -4,6 +4,7 @@ micro-batch sizes."""
 
 from dataclasses import asdict
 
+from .. import metrics
 from ..compare.metrics import canonical_bits
 from ..models import ModelConfig, TinyMoEPolicy
 from .rollout import default_requests, rollout
@@ -34,8 +35,9 @@ def run_step(policy, reference, requests, max_batch=MAX_BATCH, layout=TrainerLay
     return done, rl_step(policy, reference, done, layout, settings)
 
 
-def summary(done, result):
-    """The numbers rl-check reports for one step."""
+def summary(done, result, correction=None):
+    """The numbers rl-check reports for one step; with correction (rollout_correction's keyword arguments), the
+    canonical mismatch metrics of spec 27.2 too."""
     mask = result.mask
     logp = agreement(result.logp_train, result.logp_rollout, mask)
     value = agreement(result.values_train, result.values_rollout, mask)
@@ -45,7 +47,9 @@ def summary(done, result):
             "logprob": logp, "value": value, "loss": float(result.loss), "clip_fraction": float(result.clip_fraction),
             "ratio_exactly_one": ratio_one, "digest": digest(result),
             "consistent": logp["bitwise_equal"] == logp["tokens"] and value["bitwise_equal"] == value["tokens"]
-            and ratio_one}
+            and ratio_one,
+            **({} if correction is None else {"mismatch": {name: float(v) for name, v in metrics.mismatch(
+                result.logp_train, result.logp_rollout, mask, correction=correction).items()}})}
 
 
 def native_sweep(seed, requests, config=None):
@@ -64,20 +68,22 @@ def native_sweep(seed, requests, config=None):
     return rows
 
 
-def check(backend, seed, native=False):
+def check(backend, seed, native=False, correction=None):
     """The rl-check document: the default step on `backend` (with spec §25.6's digest for the seed, where it
-    publishes one), and with native=True the same step on the native backend and its sweep.
+    publishes one), and with native=True the same step on the native backend and its sweep; with correction
+    (rollout_correction's keyword arguments) each step's mismatch metrics (spec 27.2).
     Returns (document, {backend name: (Rollout, StepResult)})."""
     config = ModelConfig()
     requests = default_requests(seed, vocab=config.vocab)
     runs = {backend: run_step(*models(backend, seed, config), requests)}
     doc = {"backend": backend, "seed": seed, "config": asdict(config), "max_batch": MAX_BATCH,
-           "trainer_layout": asdict(TrainerLayout()), "settings": asdict(RLSettings()), **summary(*runs[backend])}
+           "trainer_layout": asdict(TrainerLayout()), "settings": asdict(RLSettings()),
+           **summary(*runs[backend], correction)}
     published = PUBLISHED_DIGESTS.get(seed)
     doc["published_digest"] = published
     doc["matches_published"] = None if published is None else doc["digest"] == published
     if native:
         runs.setdefault("native", run_step(*models("native", seed, config), requests))
-        doc["native"] = {**summary(*runs["native"]), "sweep": native_sweep(seed, requests, config)}
+        doc["native"] = {**summary(*runs["native"], correction), "sweep": native_sweep(seed, requests, config)}
     return doc, runs
 

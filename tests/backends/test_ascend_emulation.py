@@ -467,7 +467,8 @@ def test_rl_kernels_core_count_changes_no_bit(rows, cols):
     for blocks in (1, 4, 9, 40):
         runs[blocks] = [
             host_emulation.row_op("masked_mean", x, mask, blocks=blocks),
-            host_emulation.masked_whiten(x, mask, True, True, 1e-8, blocks=blocks),
+            host_emulation.masked_whiten(x, mask, True, True, 1e-8, 0, blocks=blocks),
+            host_emulation.masked_whiten(x, mask, False, True, 1.0, 1, blocks=blocks),
             host_emulation.kl_penalty(x.flatten(), y.flatten(), 2, 10.0, 20.0, blocks=blocks),
             *host_emulation.gae(x, y, mask, boot, gamma, gl, False, blocks=blocks),
             *host_emulation.gae(x, y, mask, boot, gamma, gl, True, blocks=blocks),
@@ -478,7 +479,8 @@ def test_rl_kernels_core_count_changes_no_bit(rows, cols):
         loss, clipped = canonical.ppo_token_losses(xs * np.float32(0.1), ys * np.float32(0.1), zs, 0.8, 1.28, 3.0, 20.0)
         want = [
             canonical.masked_mean(xs, ms),
-            canonical.masked_whiten(xs, ms, True, True, np.float32(1e-8)),
+            canonical.masked_whiten(xs, ms, True, True, np.float32(1e-8), "add"),
+            canonical.masked_whiten(xs, ms, False, True, np.float32(1.0), "clamp"),
             canonical.kl_penalty(xs.flatten(), ys.flatten(), "k3", 10.0, 20.0),
             *canonical.gae(xs, ys, ms, boot.numpy(), np.float32(gamma), np.float32(gl), "carry"),
             *canonical.gae(xs, ys, ms, boot.numpy(), np.float32(gamma), np.float32(gl), "zero"),
@@ -655,11 +657,12 @@ def _backward_runs(rows, cols, seed, blocks):
         host_emulation.softmax_backward("entropy", x, mask, scale, g_rows, h, blocks=blocks),
         host_emulation.softmax_backward("token_logprobs", x, tokens, scale, g_rows, blocks=blocks),
         host_emulation.masked_mean_backward(mask, g_rows, blocks=blocks),
-        host_emulation.masked_whiten_backward(logp, mask, False, True, 1e-8, g_full, blocks=blocks),
+        host_emulation.masked_whiten_backward(logp, mask, False, True, 1e-8, 0, g_full, blocks=blocks),
+        host_emulation.masked_whiten_backward(logp, mask, True, False, 0.75, 1, g_full, blocks=blocks),
         host_emulation.kl_penalty_backward(logp.flatten(), old.flatten(), 2, 0.5, 20.0, g_full.flatten(),
                                            blocks=blocks),
         *(host_emulation.ppo_policy_loss_backward(logp, old, adv, mask, lo, hi, 3.0, 20.0, code, g1, blocks=blocks)
-          for code in range(3)),
+          for code in range(4)),
     ]
     with np.errstate(all="ignore"):
         want = [
@@ -669,12 +672,13 @@ def _backward_runs(rows, cols, seed, blocks):
             canonical.entropy_backward(xs, ms, scale, hs, gr),
             canonical.token_logprobs_backward(xs, tokens.numpy(), scale, gr),
             canonical.masked_mean_backward(ms, gr),
-            canonical.masked_whiten_backward(logp.numpy(), ms, False, True, np.float32(1e-8), gf),
+            canonical.masked_whiten_backward(logp.numpy(), ms, False, True, np.float32(1e-8), "add", gf),
+            canonical.masked_whiten_backward(logp.numpy(), ms, True, False, np.float32(0.75), "clamp", gf),
             canonical.kl_penalty_backward(logp.numpy().flatten(), old.numpy().flatten(), "k3", 0.5, 20.0,
                                           gf.flatten()),
             *(canonical.ppo_policy_loss_backward(logp.numpy(), old.numpy(), adv.numpy(), ms, lo, hi, 3.0, 20.0, agg,
                                                  g1.numpy())
-              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")),
+              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")),
         ]
     return got, want
 

@@ -113,8 +113,10 @@ def rl_gradients(backend, b, t):
     grad_of(lambda x: bp.masked_mean(x, mask, backend=backend), adv)
     grad_of(lambda x: bp.masked_mean(x, mask, 1, backend=backend), adv)
     for shift_mean in (True, False):
-        for unbiased in (True, False):
-            grad_of(lambda x: bp.masked_whiten(x, mask, shift_mean=shift_mean, unbiased=unbiased, backend=backend), adv)
+        for unbiased, eps_mode, scale in ((True, "add", 1.0), (False, "add", 1.0), (False, "clamp", 1e-5)):
+            # At scale 1e-5 the variance (~1e-10) is below eps, where "clamp" holds it constant.
+            grad_of(lambda x: bp.masked_whiten(x * scale, mask, shift_mean=shift_mean, unbiased=unbiased,
+                                               eps_mode=eps_mode, backend=backend), adv)
     for kind in bp.ops.KL_KINDS:
         for clamp, ratio_clamp in ((None, None), (0.5, None), (None, 20.0), (10.0, 0.3)):
             grad_of(lambda lp, ref: bp.kl_penalty(lp, ref, kind, clamp=clamp, log_ratio_clamp=ratio_clamp,

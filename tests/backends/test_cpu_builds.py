@@ -28,6 +28,7 @@ LEVELS = tuple(range(cpu.isa_level() + 1))
 LENGTHS = (1, 63, 1025, 16385, 49153)
 SCALES = (1.0, float(np.float32(1.0) / np.float32(0.7)))
 F32 = np.float32
+PPO_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def f32(value):
@@ -116,7 +117,7 @@ def _add_backward_calls(out):
         for g in (0.37, -0.0, np.nan) if i % 4 == 0 else (-1.5,):
             out["ppo_policy_loss_backward"].append((f"{label} g={g}", (*args, torch.tensor([g], dtype=torch.float32))))
     empty = torch.zeros(3, 5, dtype=torch.bool)
-    for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+    for agg in PPO_AGGS:
         x = _rl_values(3, 5, 9, specials=False)
         out["ppo_policy_loss_backward"].append((f"all masked {agg}", (x, x, x, empty, 0.8, 1.2, None, None, agg,
                                                                       torch.ones(1))))
@@ -147,8 +148,10 @@ def calls():
             for shift in (True, False):
                 for unbiased in (True, False):
                     for eps in (f32(1e-8), 1.0):
-                        out["masked_whiten"].append((f"[{rows}, {n}] specials={specials} shift={shift} "
-                                                     f"unbiased={unbiased} eps={eps}", (x, m, shift, unbiased, eps)))
+                        for eps_mode in ("add", "clamp"):
+                            out["masked_whiten"].append((f"[{rows}, {n}] specials={specials} shift={shift} "
+                                                         f"unbiased={unbiased} eps={eps} eps_mode={eps_mode}",
+                                                         (x, m, shift, unbiased, eps, eps_mode)))
 
     logp, ref = _kl_inputs()
     for kind in ("k1", "k2", "k3", "abs"):
@@ -173,7 +176,7 @@ def calls():
         logp = -_rl_values(b, t, 4, specials).abs()
         old_logp = logp + _rl_values(b, t, 5, specials=False) * 0.1
         advantages = _rl_values(b, t, 6, specials) * 3.0
-        for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        for agg in PPO_AGGS:
             for low, high, dual_clip, ratio_clamp in ((0.2, 0.2, None, 20.0), (0.2, 0.28, 3.0, 20.0),
                                                       (0.2, 0.2, None, None), (0.5, 1.0, 1.5, 0.5)):
                 contract = (f32(F32(1) - F32(low)), f32(F32(1) + F32(high)), dual_clip, ratio_clamp, agg)

@@ -73,9 +73,10 @@ def test_backward_under_other_tiles(monkeypatch, n_rows, n, tile):
     cases = [("logsumexp_backward", x, mask, scale, g_row), ("log_softmax_backward", y, mask, scale, g),
              ("softmax_backward", p, mask, scale, g), ("entropy_backward", x, mask, scale, h, g_row),
              ("token_logprobs_backward", x, tokens, scale, g_row), ("masked_mean_backward", mask, g_row),
-             ("masked_whiten_backward", x, mask, True, True, 1e-8, g),
+             ("masked_whiten_backward", x, mask, True, True, 1e-8, "add", g),
+             ("masked_whiten_backward", x, mask, False, False, 0.5, "clamp", g),
              ("kl_penalty_backward", x.reshape(-1), other.reshape(-1), "k3", 10.0, 0.5, g.reshape(-1))]
     cases += [("ppo_policy_loss_backward", x, other, g, mask, 0.8, 1.28, 3.0, 0.3, agg, torch.tensor([0.7]))
-              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")]
+              for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
     for name, *args in cases:
         _same(getattr(cuda, name)(*args), getattr(numpy, name)(*args))

@@ -52,8 +52,8 @@ def test_masked_mean_and_whiten_match_canonical(backend, b, t):
         for dim in (None, 0, 1):
             assert_same_bits(bp.masked_mean(x, m, dim, backend=backend), bp.masked_mean(x, m, dim, backend="numpy"))
         for shift in (True, False):
-            for unbiased in (True, False):
-                kw = {"shift_mean": shift, "unbiased": unbiased}
+            for unbiased, eps_mode in ((True, "add"), (False, "add"), (False, "clamp")):
+                kw = {"shift_mean": shift, "unbiased": unbiased, "eps_mode": eps_mode}
                 assert_same_bits(bp.masked_whiten(x, m, **kw, backend=backend),
                                  bp.masked_whiten(x, m, **kw, backend="numpy"))
 

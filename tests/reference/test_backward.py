@@ -123,26 +123,30 @@ def test_softmax_family_gradients_within_bounds_of_float64(n, temperature):
 @pytest.mark.parametrize("n", (1, 2, 1000, 40000))
 def test_masked_mean_and_whiten_gradients_within_bounds_of_float64(n):
     rng = np.random.default_rng(n)
-    x = rng.standard_normal((1, n)).astype(F32)
+    x0 = rng.standard_normal((1, n)).astype(F32)
     mask = rng.random((1, n)) < 0.8
     mask[0, 0] = True
     g = rng.standard_normal((1, n)).astype(F32)
     count = mask.sum()
     ref_mean = np.where(mask, g[:, :1].astype(np.float64) / count, 0.0)
     assert _ulps(canonical.masked_mean_backward(mask, g[:, 0]), ref_mean, g[0, 0] / count) <= BOUNDS["masked_mean"]
-    for shift_mean, unbiased in ((True, True), (False, False)):
+    eps = float(F32(1e-8))
+    for shift_mean, unbiased, eps_mode, scale in ((True, True, "add", 1), (False, False, "add", 1),
+                                                  (True, False, "clamp", 1), (True, False, "clamp", 1e-5)):
+        # At scale 1e-5 the variance is below eps: "clamp" holds it constant, and c is +0.0 (spec 26.8).
+        x = (x0 * F32(scale)).astype(F32)
         xt = torch.tensor(x.astype(np.float64), requires_grad=True)
         m = torch.from_numpy(mask)
         mean = xt[m].mean()
         d = xt - mean
         var = (d[m] ** 2).sum() / max(count - 1 if unbiased else count, 1)
-        inv = 1 / torch.sqrt(var + float(F32(1e-8)))
+        inv = 1 / torch.sqrt(var + eps if eps_mode == "add" else var.clamp(min=eps))
         out = d * inv + (0 if shift_mean else mean)
         gm = np.where(mask, g, 0.0)
         (ref,) = torch.autograd.grad(out, xt, torch.from_numpy(gm))
         z = (d * inv).detach().numpy()
         floor = float(inv.detach()) * (np.abs(gm) + np.abs(gm).sum() / count + np.abs(z) * np.abs(gm * z).sum() / count).max()
-        got = canonical.masked_whiten_backward(x, mask, shift_mean, unbiased, F32(1e-8), g)
+        got = canonical.masked_whiten_backward(x, mask, shift_mean, unbiased, F32(1e-8), eps_mode, g)
         assert _ulps(got, np.where(mask, ref.numpy(), 0.0), floor) <= BOUNDS["masked_whiten"]
 
 

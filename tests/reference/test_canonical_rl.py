@@ -86,9 +86,10 @@ def test_masked_mean_and_whiten_accuracy():
     assert metrics.max_or_zero(err) <= sum_depth(x.size) + 1.5
     for unbiased in (True, False):
         for shift in (True, False):
-            got = canonical.masked_whiten(x, m, shift, unbiased, 1e-8)
-            want = float64.masked_whiten(x, m, shift, unbiased, 1e-8)
-            assert metrics.max_or_zero(metrics.ulp_error(got.astype(np.float64), want, 1.0)) <= 5.0
+            for eps_mode, scale in (("add", F32(1)), ("clamp", F32(1)), ("clamp", F32(1e-5))):
+                got = canonical.masked_whiten(x * scale, m, shift, unbiased, 1e-8, eps_mode)
+                want = float64.masked_whiten(x * scale, m, shift, unbiased, 1e-8, eps_mode)
+                assert metrics.max_or_zero(metrics.ulp_error(got.astype(np.float64), want, 1.0)) <= 5.0
 
 
 def test_rsqrt_within_two_ulps():
@@ -119,6 +120,6 @@ def test_all_masked_inputs_give_defined_results():
     x = np.array([[1.0, np.nan, 3.0]], dtype=F32)
     m = np.zeros((1, 3), dtype=bool)
     assert canonical.masked_mean(x, m).view(np.int32)[0] == 0           # +0.0
-    assert np.array_equal(canonical.masked_whiten(x, m, True, True, 1e-8), np.zeros((1, 3), dtype=F32))
+    assert np.array_equal(canonical.masked_whiten(x, m, True, True, 1e-8, "add"), np.zeros((1, 3), dtype=F32))
     loss, frac = canonical.ppo_policy_loss(x, x, x, m, 0.8, 1.2, None, 20.0, "token-mean")
     assert float(loss) == 0.0 and float(frac) == 0.0

@@ -114,3 +114,26 @@ def test_the_compiled_backends_give_the_published_digest(backend):
     # (tests/test_device_checks.py, through scripts/gpu_check.py's rl_check step).
     doc, _ = check.check(backend, 0)
     assert doc["consistent"] and doc["matches_published"], doc["digest"]
+
+
+def test_rollout_correction_reports_the_mismatch_metrics(tmp_path, capsys, captured, monkeypatch):
+    """Zero on the canonical backend; on native, what its own tensors show (max |dlogp|, differing fraction)."""
+    monkeypatch.setattr(check, "ModelConfig", lambda: SMALL)
+    monkeypatch.setattr(check, "NATIVE_BATCH_CAPS", (None,))
+    monkeypatch.setattr(check, "NATIVE_MICRO_BATCHES", (None,))
+    out = tmp_path / "rl.json"
+    assert cli.main(["rl-check", "--native", "--seed", "3", "--rollout-correction", "token,mask,1.0001,0.9999",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mismatch"] == {"max_abs_logp_diff": 0.0, "mean_k3_kl": 0.0, "frac_logp_differ": 0.0,
+                               "frac_rejected": 0.0}
+    result = captured["native"][1]
+    a, b, m = result.logp_train.numpy(), result.logp_rollout.numpy(), result.mask.numpy()
+    native = doc["native"]["mismatch"]
+    assert native["max_abs_logp_diff"] == float(np.abs(a - b)[m].max())
+    assert native["frac_logp_differ"] == pytest.approx(float((a != b)[m].mean()), rel=1e-6)
+    ratio = np.exp(a.astype(np.float64) - b)[m]
+    assert native["frac_rejected"] == pytest.approx(float(((ratio > 1.0001) | (ratio < 0.9999)).mean()), abs=0.01)
+    assert "mismatch metrics (spec 27.2)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["rl-check", "--rollout-correction", "token,truncate"])

@@ -118,10 +118,11 @@ def masked_mean(x, mask):
     return _masked_mean(x, mask)
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    args = (x, mask, shift_mean, unbiased, eps, host_emulation.EPS_MODE_CODES[eps_mode])
     if _on_npu():
-        return npu_ops.op("masked_whiten")(x, mask, shift_mean, unbiased, eps)
-    return host_emulation.masked_whiten(x, mask, shift_mean, unbiased, eps)
+        return npu_ops.op("masked_whiten")(*args)
+    return host_emulation.masked_whiten(*args)
 
 
 def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
@@ -141,7 +142,9 @@ def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
 def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
     """Per-token losses from kernels/ppo.cpp, then the spec 17.2 aggregation by the reduction kernels:
     token-mean is the masked mean of all B*T tokens as one row; the sequence modes reduce each row
-    (masked sum or masked mean), then take the mean of the B values as one row with every entry counted."""
+    (masked sum or masked mean), then take the masked mean of the B values as one row, counting the
+    non-empty sequences only (e_b = n_b > 0); seq-mean-token-sum-norm then multiplies by reciprocal(T)
+    (kernels/ppo.cpp's ppo_token_sum_norm)."""
     args = (logp, old_logp, advantages, ratio_low, ratio_high, _unset_as_inf(dual_clip), _unset_as_inf(ratio_clamp))
     if _on_npu():
         loss, clipped = npu_ops.op("ppo_token_losses")(*args)
@@ -150,10 +153,16 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     flat_mask = mask.reshape(1, -1)
     if agg == "token-mean":
         total = _masked_mean(loss.reshape(1, -1), flat_mask)
-    elif agg == "seq-mean-token-sum":
-        total = _masked_mean(sum(loss, mask).reshape(1, -1), None)
     else:
-        total = _masked_mean(_masked_mean(loss, mask).reshape(1, -1), None)
+        non_empty = mask.any(dim=1).reshape(1, -1).contiguous()    # e_b = n_b > 0: no arithmetic
+        per_sequence = _masked_mean(loss, mask) if agg == "seq-mean-token-mean" else sum(loss, mask)
+        total = _masked_mean(per_sequence.reshape(1, -1), non_empty)
+        if agg == "seq-mean-token-sum-norm":
+            cols = mask.shape[1]
+            if _on_npu():
+                total = npu_ops.op("ppo_token_sum_norm")(total, cols)
+            else:
+                total = host_emulation.ppo_token_sum_norm(total, cols)
     frac = _masked_mean(clipped.reshape(1, -1), flat_mask)
     return total.reshape(()), frac.reshape(())
 
@@ -196,10 +205,11 @@ def masked_mean_backward(mask, g):
     return host_emulation.masked_mean_backward(mask, g)
 
 
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
+    args = (x, mask, shift_mean, unbiased, eps, host_emulation.EPS_MODE_CODES[eps_mode], g)
     if _on_npu():
-        return npu_ops.op("masked_whiten_backward")(x, mask, shift_mean, unbiased, eps, g)
-    return host_emulation.masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g)
+        return npu_ops.op("masked_whiten_backward")(*args)
+    return host_emulation.masked_whiten_backward(*args)
 
 
 def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):

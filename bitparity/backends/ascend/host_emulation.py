@@ -66,10 +66,12 @@ _SIGNATURES = {
     "bp_exp": [_U32, _P, _P, _U32],
     "bp_log": [_U32, _P, _P, _U32],
     "bp_masked_mean": [_U32, _P, _P, _P, _U32, _U32, _U32],          # blocks, x, mask, out, rows, cols, hasMask
-    "bp_masked_whiten": [_U32, _P, _P, _P, _U32, _U32, _U32, _U32, _F32],   # ..., shiftMean, unbiased, eps
+    "bp_masked_whiten": [_U32, _P, _P, _P, _U32, _U32, _U32, _U32, _F32, _U32],  # ..., shiftMean, unbiased, eps,
+                                                                                 # epsMode
     "bp_kl_penalty": [_U32, _P, _P, _P, _U32, _U32, _F32, _F32],     # blocks, logp, ref, out, n, kind, clamps
     "bp_gae": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32, _F32, _F32, _U32],
     "bp_ppo_token_losses": [_U32, _P, _P, _P, _P, _P, _U32, _F32, _F32, _F32, _F32],
+    "bp_ppo_token_sum_norm": [_U32, _P, _P, _U32],                       # blocks, total, out, cols
     "bp_philox": [_U32, _P, _P, _P, _U32],                               # blocks, counters, keys, out, n
     "bp_topk": [_U32, _P, _P, _P, _U32, _U32, _U32],                     # blocks, x, values, indices, rows, cols, k
     "bp_filter_logits": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32],      # blocks, x, scale, top_k, top_p, min_p, out,
@@ -88,8 +90,9 @@ _SIGNATURES = {
     "bp_token_logprobs_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _F32],      # blocks, x, tokens, g, out, rows,
                                                                                  # cols, scale
     "bp_masked_mean_backward": [_U32, _P, _P, _P, _U32, _U32],                   # blocks, mask, g, out, rows, cols
-    "bp_masked_whiten_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _F32],  # blocks, x, mask, g, out,
-                                                                                 # rows, cols, shiftMean, unbiased, eps
+    "bp_masked_whiten_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _F32, _U32],  # blocks, x, mask, g,
+                                                                                 # out, rows, cols, shiftMean,
+                                                                                 # unbiased, eps, epsMode
     "bp_kl_penalty_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _F32, _F32],    # blocks, logp, ref, g, out, n, kind,
                                                                                  # clamps
     "bp_ppo_policy_loss_backward": [_U32, _U32, _P, _P, _P, _P, _P, _P, _P, _U32, _U32, _U32, _F32, _F32, _F32,
@@ -191,13 +194,17 @@ def elementwise(op, x, blocks=None):
     return out
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps, blocks=None):
-    """[R, N] -> [R, N]: each row whitened over its counted entries."""
+# masked_whiten's eps_mode as kernels/masked.cpp's EpsMode codes.
+EPS_MODE_CODES = {"add": 0, "clamp": 1}
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode, blocks=None):
+    """[R, N] -> [R, N]: each row whitened over its counted entries; eps_mode an EpsMode code."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, cols, dtype=torch.float32)
     check(lib, lib.bp_masked_whiten(_blocks(rows, blocks), x.data_ptr(), mask.data_ptr(), out.data_ptr(), rows, cols,
-                                    int(shift_mean), int(unbiased), eps))
+                                    int(shift_mean), int(unbiased), eps, eps_mode))
     return out
 
 
@@ -235,6 +242,14 @@ def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_cli
                                        advantages.data_ptr(), loss.data_ptr(), clipped.data_ptr(), n, ratio_low,
                                        ratio_high, dual_clip, ratio_clamp))
     return loss, clipped
+
+
+def ppo_token_sum_norm(total, cols):
+    """f32 [1] -> f32 [1]: total * reciprocal(float(cols)), seq-mean-token-sum-norm's last step (spec 17.2)."""
+    lib = library()
+    out = torch.empty(1, dtype=torch.float32)
+    check(lib, lib.bp_ppo_token_sum_norm(1, total.contiguous().data_ptr(), out.data_ptr(), cols))
+    return out
 
 
 def philox(counters, keys, blocks=None):
@@ -358,7 +373,7 @@ def silu_mul(gate, up, blocks=None):
 # ---- Backward (spec 26) ------------------------------------------------------------
 
 # ops.PPO_AGGS as kernels/ppo.cpp's PpoAgg codes.
-PPO_AGG_CODES = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2}
+PPO_AGG_CODES = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 3}
 
 
 def softmax_backward(op, x, other, scale, g, h=None, blocks=None):
@@ -389,13 +404,14 @@ def masked_mean_backward(mask, g, blocks=None):
     return out
 
 
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g, blocks=None):
-    """x, mask, g [R, N] -> dx [R, N] (spec 26.8)."""
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g, blocks=None):
+    """x, mask, g [R, N] -> dx [R, N] (spec 26.8); eps_mode an EpsMode code."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, cols, dtype=torch.float32)
     check(lib, lib.bp_masked_whiten_backward(_blocks(rows, blocks), x.data_ptr(), mask.data_ptr(), g.data_ptr(),
-                                             out.data_ptr(), rows, cols, int(shift_mean), int(unbiased), eps))
+                                             out.data_ptr(), rows, cols, int(shift_mean), int(unbiased), eps,
+                                             eps_mode))
     return out
 
 

@@ -96,8 +96,8 @@ _SIGNATURES = {
     "bp_log": ([_P, _I64, _P, _INT], None),
     # x, mask, rows, n, out, threads
     "bp_masked_mean": ([_P, _P, _I64, _I64, _P, _INT], _INT),
-    # x, mask, rows, n, shift_mean, unbiased, eps, out, threads
-    "bp_masked_whiten": ([_P, _P, _I64, _I64, _INT, _INT, _F32, _P, _INT], _INT),
+    # x, mask, rows, n, shift_mean, unbiased, eps, eps_mode (_EPS_MODES), out, threads
+    "bp_masked_whiten": ([_P, _P, _I64, _I64, _INT, _INT, _F32, _INT, _P, _INT], _INT),
     # logp, ref_logp, n, kind, clamp, log_ratio_clamp, out, threads
     "bp_kl_penalty": ([_P, _P, _I64, _INT, _F32, _F32, _P, _INT], None),
     # rewards, values, mask, bootstrap, B, T, gamma, gamma_lambda, zero_mode, adv, ret, threads
@@ -131,8 +131,8 @@ _SIGNATURES = {
     "bp_token_logprobs_backward": _ROW_BACKWARD,
     # mask, g, rows, n, out, threads
     "bp_masked_mean_backward": ([_P, _P, _I64, _I64, _P, _INT], _INT),
-    # x, mask, g, rows, n, shift_mean, unbiased, eps, out, threads
-    "bp_masked_whiten_backward": ([_P, _P, _P, _I64, _I64, _INT, _INT, _F32, _P, _INT], _INT),
+    # x, mask, g, rows, n, shift_mean, unbiased, eps, eps_mode (_EPS_MODES), out, threads
+    "bp_masked_whiten_backward": ([_P, _P, _P, _I64, _I64, _INT, _INT, _F32, _INT, _P, _INT], _INT),
     # logp, ref_logp, g, n, kind, clamp, log_ratio_clamp, out, threads
     "bp_kl_penalty_backward": ([_P, _P, _P, _I64, _INT, _F32, _F32, _P, _INT], None),
     # logp, old_logp, advantages, mask, g[1], B, T, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, out, threads
@@ -140,9 +140,10 @@ _SIGNATURES = {
                                     _INT),
 }
 
-# The C enums kl_kind and ppo_agg.
+# The C enums kl_kind and ppo_agg, and masked.c's eps_clamp flag.
 _KL_KINDS = {"k1": 0, "k2": 1, "k3": 2, "abs": 3}
-_PPO_AGGS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2}
+_PPO_AGGS = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean": 2, "seq-mean-token-sum-norm": 3}
+_EPS_MODES = {"add": 0, "clamp": 1}
 
 
 def _unset_is_inf(value):
@@ -237,11 +238,11 @@ class Build:
     def masked_mean(self, x, mask):
         return self._rows("bp_masked_mean", _per_row(x), x, mask)
 
-    def masked_whiten(self, x, mask, shift_mean, unbiased, eps):
+    def masked_whiten(self, x, mask, shift_mean, unbiased, eps, eps_mode):
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(self._lib.bp_masked_whiten(x.data_ptr(), mask.data_ptr(), rows, n, shift_mean, unbiased, eps,
-                                          out.data_ptr(), _threads(x.numel())))
+                                          _EPS_MODES[eps_mode], out.data_ptr(), _threads(x.numel())))
         return out
 
     def kl_penalty(self, logp, ref_logp, kind, clamp, log_ratio_clamp):
@@ -367,11 +368,12 @@ class Build:
                                                  _threads(mask.numel())))
         return out
 
-    def masked_whiten_backward(self, x, mask, shift_mean, unbiased, eps, g):
+    def masked_whiten_backward(self, x, mask, shift_mean, unbiased, eps, eps_mode, g):
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(self._lib.bp_masked_whiten_backward(x.data_ptr(), mask.data_ptr(), g.data_ptr(), rows, n, shift_mean,
-                                                   unbiased, eps, out.data_ptr(), _threads(x.numel())))
+                                                   unbiased, eps, _EPS_MODES[eps_mode], out.data_ptr(),
+                                                   _threads(x.numel())))
         return out
 
     def kl_penalty_backward(self, logp, ref_logp, kind, clamp, log_ratio_clamp, g):
@@ -452,8 +454,8 @@ def masked_mean(x, mask):
     return build().masked_mean(x, mask)
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
-    return build().masked_whiten(x, mask, shift_mean, unbiased, eps)
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    return build().masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode)
 
 
 def kl_penalty(logp, ref_logp, kind, clamp, log_ratio_clamp):
@@ -529,8 +531,8 @@ def masked_mean_backward(mask, g):
     return build().masked_mean_backward(mask, g)
 
 
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
-    return build().masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g)
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
+    return build().masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g)
 
 
 def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):

@@ -53,10 +53,12 @@ int bp_masked_mean_backward(const uint8_t *mask, const float *g, int64_t rows, i
 
 /* Whitening's statistics of each row of x [rows, n] (spec 15.3), which the forward and the backward
  * share: mean (the masked mean), the exact count, rk = reciprocal(max(n - 1, 1)) (max(n, 1) when
- * biased), ss = canonical sum of (mask ? (x - mean)^2 : -0.0), inv = rsqrt(ss * rk + eps); args[r]
+ * biased), ss = canonical sum of (mask ? (x - mean)^2 : -0.0), var = ss * rk, and
+ * inv = rsqrt(var + eps) (eps_clamp = 0: eps_mode "add") or rsqrt(max_prop(var, eps)) (eps_clamp = 1:
+ * "clamp", a NaN-propagating max that keeps eps when var == eps, as numpy's maximum does); args[r]
  * carries mean[r] to the _DEV sums. */
 struct whiten_stats {
-    float *mean, *rk, *inv;
+    float *mean, *rk, *var, *inv;
     int64_t *counts;
     struct term_args *args;
 };
@@ -69,25 +71,27 @@ static void whiten_free(struct whiten_stats *w)
 }
 
 static int whiten_stats(const float *x, const uint8_t *mask, int64_t rows, int64_t n, int unbiased, float eps,
-                        struct whiten_stats *w, int nthreads)
+                        int eps_clamp, struct whiten_stats *w, int nthreads)
 {
-    w->mean = malloc(sizeof(float) * (size_t)(3 * rows));
+    w->mean = malloc(sizeof(float) * (size_t)(4 * rows));
     w->counts = malloc(sizeof(int64_t) * (size_t)rows);
     w->args = malloc(sizeof(struct term_args) * (size_t)rows);
     if (!w->mean || !w->counts || !w->args)
         return -1;
     w->rk = w->mean + rows;
-    w->inv = w->rk + rows;              /* each row's sum of squares, then rsqrt(var + eps) */
+    w->var = w->rk + rows;              /* each row's sum of squares, then ss * rk */
+    w->inv = w->var + rows;
     if (masked_mean_rows(x, mask, rows, n, w->mean, w->counts, nthreads) != 0)
         return -1;
     for (int64_t r = 0; r < rows; r++)
         w->args[r] = (struct term_args){0.0f, 0.0f, 0.0f, 0.0f, w->mean[r]};
-    if (masked_row_sums(TERM_SQ_DEV, x, NULL, mask, rows, n, w->args, w->inv, NULL, nthreads) != 0)
+    if (masked_row_sums(TERM_SQ_DEV, x, NULL, mask, rows, n, w->args, w->var, NULL, nthreads) != 0)
         return -1;
     for (int64_t r = 0; r < rows; r++) {
         int64_t divisor = unbiased ? w->counts[r] - 1 : w->counts[r];
         w->rk[r] = canonical_reciprocal((float)(divisor > 1 ? divisor : 1));
-        w->inv[r] = canonical_rsqrt(w->inv[r] * w->rk[r] + eps);
+        w->var[r] = w->var[r] * w->rk[r];
+        w->inv[r] = canonical_rsqrt(eps_clamp ? max_prop(w->var[r], eps) : w->var[r] + eps);
     }
     return 0;
 }
@@ -132,10 +136,10 @@ static void whiten_span(const void *ctx, int64_t r, int64_t start, int64_t end)
 
 /* Whitening of each row of x [rows, n] (spec 15.3), the output pass over (row, segment) items. */
 int bp_masked_whiten(const float *x, const uint8_t *mask, int64_t rows, int64_t n, int shift_mean,
-                     int unbiased, float eps, float *out, int nthreads)
+                     int unbiased, float eps, int eps_clamp, float *out, int nthreads)
 {
     struct whiten_stats w;
-    int status = whiten_stats(x, mask, rows, n, unbiased, eps, &w, nthreads);
+    int status = whiten_stats(x, mask, rows, n, unbiased, eps, eps_clamp, &w, nthreads);
     if (status == 0) {
         const struct whiten_pass p = {x, NULL, mask, w.mean, w.inv, NULL, NULL, n, shift_mean, out};
         run_row_segments(whiten_span, &p, rows, n, nthreads);
@@ -146,14 +150,15 @@ int bp_masked_whiten(const float *x, const uint8_t *mask, int64_t rows, int64_t 
 
 /* Whitening's backward (spec 26.8), g [rows, n]: the forward's statistics, then
  *   gbar = masked mean of g; gd = canonical sum of (mask ? g * (x - mean) : -0.0); c = (gd * rk) * inv,
- * each sum over (row, segment) items, then one output pass. */
+ * and with eps_clamp (eps_mode "clamp") c = select(var < eps, +0.0, c): where the variance is held at
+ * eps it does not depend on x.  Each sum over (row, segment) items, then one output pass. */
 int bp_masked_whiten_backward(const float *x, const uint8_t *mask, const float *g, int64_t rows, int64_t n,
-                              int shift_mean, int unbiased, float eps, float *out, int nthreads)
+                              int shift_mean, int unbiased, float eps, int eps_clamp, float *out, int nthreads)
 {
     struct whiten_stats w;
     float *g_bar = malloc(sizeof(float) * (size_t)(2 * rows));   /* g_bar [rows], then gd -> c [rows] */
     int64_t *counts = malloc(sizeof(int64_t) * (size_t)rows);
-    int status = whiten_stats(x, mask, rows, n, unbiased, eps, &w, nthreads);
+    int status = whiten_stats(x, mask, rows, n, unbiased, eps, eps_clamp, &w, nthreads);
     if (status == 0 && (!g_bar || !counts))
         status = -1;
     if (status == 0)
@@ -162,8 +167,10 @@ int bp_masked_whiten_backward(const float *x, const uint8_t *mask, const float *
     if (status == 0)
         status = masked_row_sums(TERM_MASKED_Y_DEV, x, g, mask, rows, n, w.args, c, NULL, nthreads);
     if (status == 0) {
-        for (int64_t r = 0; r < rows; r++)
+        for (int64_t r = 0; r < rows; r++) {
             c[r] = (c[r] * w.rk[r]) * w.inv[r];
+            c[r] = eps_clamp && w.var[r] < eps ? 0.0f : c[r];
+        }
         const struct whiten_pass p = {x, g, mask, w.mean, w.inv, g_bar, c, n, shift_mean, out};
         run_row_segments(whiten_span, &p, rows, n, nthreads);
     }

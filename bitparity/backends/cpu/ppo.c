@@ -34,22 +34,32 @@ ALWAYS_INLINE float ppo_token_loss(float logp, float old_logp, float adv, float 
     return adv < 0.0f ? min_prop(t.na * dual_clip, loss) : loss;
 }
 
-enum ppo_agg { AGG_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_MEAN };
+enum ppo_agg { AGG_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_SUM_NORM };
 
-/* The token losses [B, T] aggregated by agg (spec 17.2) into *total:
- *   token-mean:          masked mean of the losses as one row [1, B*T];
- *   seq-mean-token-sum:  s_b = canonical sum of the counted losses of row b, then the mean of s [1, B];
- *   seq-mean-token-mean: m_b = masked mean of row b, then the mean of m [1, B].
- * per_seq: scratch of B floats; counts: of B int64. */
+/* The token losses [B, T] aggregated by agg (spec 17.2) into *total, with n_b the exact count of
+ * sequence b and e_b = (n_b > 0) (the sequence modes average over the E non-empty sequences only):
+ *   token-mean:              masked mean of the losses as one row [1, B*T];
+ *   seq-mean-token-sum:      s_b = canonical sum of the counted losses of row b, then the masked mean of
+ *                            s [1, B] under e: canonical sum of select(e, s, -0.0) * R(E) + 0.0;
+ *   seq-mean-token-mean:     m_b = masked mean of row b, then the masked mean of m [1, B] under e;
+ *   seq-mean-token-sum-norm: seq-mean-token-sum's result * reciprocal(float(T)).
+ * per_seq: scratch of B floats; counts: of B int64; non_empty: of B uint8. */
 static int ppo_aggregate(enum ppo_agg agg, const float *loss, const uint8_t *mask, int64_t b, int64_t t_len,
-                         float *per_seq, int64_t *counts, float *total, int nthreads)
+                         float *per_seq, int64_t *counts, uint8_t *non_empty, float *total, int nthreads)
 {
     if (agg == AGG_TOKEN_MEAN)
         return masked_mean_rows(loss, mask, 1, b * t_len, total, counts, nthreads);
-    int status = agg == AGG_SEQ_MEAN_TOKEN_SUM
-        ? masked_row_sums(TERM_MASKED_X, loss, NULL, mask, b, t_len, NULL, per_seq, NULL, nthreads)
-        : masked_mean_rows(loss, mask, b, t_len, per_seq, counts, nthreads);
-    return status != 0 ? status : masked_mean_rows(per_seq, NULL, 1, b, total, counts, nthreads);
+    int status = agg == AGG_SEQ_MEAN_TOKEN_MEAN
+        ? masked_mean_rows(loss, mask, b, t_len, per_seq, counts, nthreads)
+        : masked_row_sums(TERM_MASKED_X, loss, NULL, mask, b, t_len, NULL, per_seq, counts, nthreads);
+    if (status != 0)
+        return status;
+    for (int64_t r = 0; r < b; r++)
+        non_empty[r] = counts[r] > 0;
+    status = masked_mean_rows(per_seq, non_empty, 1, b, total, counts, nthreads);
+    if (status == 0 && agg == AGG_SEQ_MEAN_TOKEN_SUM_NORM)
+        *total = *total * canonical_reciprocal((float)t_len);
+    return status;
 }
 
 /* PPO policy loss of logp, old_logp, advantages, mask [B, T] into result[0]
@@ -64,20 +74,22 @@ int bp_ppo_policy_loss(const float *logp, const float *old_logp, const float *ad
     float *loss = malloc(sizeof(float) * (size_t)(2 * n));    /* loss [n], then clipped [n] */
     float *per_seq = malloc(sizeof(float) * (size_t)b);
     int64_t *counts = malloc(sizeof(int64_t) * (size_t)b);
+    uint8_t *non_empty = malloc((size_t)b);
     int status = -1;
-    if (loss && per_seq && counts) {
+    if (loss && per_seq && counts && non_empty) {
         float *clipped = loss + n;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int64_t i = 0; i < n; i++)
             loss[i] = ppo_token_loss(logp[i], old_logp[i], advantages[i], ratio_low, ratio_high, dual_clip,
                                      ratio_clamp, &clipped[i]);
-        status = ppo_aggregate(agg, loss, mask, b, t_len, per_seq, counts, &result[0], nthreads);
+        status = ppo_aggregate(agg, loss, mask, b, t_len, per_seq, counts, non_empty, &result[0], nthreads);
         if (status == 0)
             status = masked_mean_rows(clipped, mask, 1, n, &result[1], counts, nthreads);
     }
     free(loss);
     free(per_seq);
     free(counts);
+    free(non_empty);
     return status;
 }
 
@@ -116,8 +128,9 @@ static void ppo_grad_span(const void *ctx, int64_t r, int64_t start, int64_t end
 /* The gradient w.r.t. logp [B, T] of the loss aggregated by agg, for its upstream gradient g[0], into
  * out [B, T].  Each counted token of sequence b weighs w_b = d loss / d token loss, with
  * R(k) = count_reciprocal(k) (spec 15.1's factor: 0 for k = 0), n the count of all counted tokens,
- * n_b that of sequence b:
- *   token-mean: g * R(n);  seq-mean-token-sum: g * R(B);  seq-mean-token-mean: (g * R(B)) * R(n_b).
+ * n_b that of sequence b, E the number of non-empty sequences (n_b > 0):
+ *   token-mean: g * R(n);  seq-mean-token-sum: g * R(E);  seq-mean-token-mean: (g * R(E)) * R(n_b);
+ *   seq-mean-token-sum-norm: (g * reciprocal(float(T))) * R(E).
  * The exact counts are taken over (row, segment) items, then one pass per token.
  * Returns 0, or -1 if scratch could not be allocated. */
 int bp_ppo_policy_loss_backward(const float *logp, const float *old_logp, const float *advantages,
@@ -131,14 +144,18 @@ int bp_ppo_policy_loss_backward(const float *logp, const float *old_logp, const 
                                                     nthreads)
                                   : -1;
     if (status == 0) {
-        int64_t n = 0;
-        for (int64_t r = 0; r < b; r++)
+        int64_t n = 0, e = 0;
+        for (int64_t r = 0; r < b; r++) {
             n += counts[r];
-        float per_seq = g[0] * count_reciprocal(b);
+            e += counts[r] > 0;
+        }
+        float per_seq = g[0] * count_reciprocal(e);
         float per_token = g[0] * count_reciprocal(n);
+        float per_seq_norm = (g[0] * canonical_reciprocal((float)t_len)) * count_reciprocal(e);
         for (int64_t r = 0; r < b; r++)
             weight[r] = agg == AGG_TOKEN_MEAN ? per_token
                       : agg == AGG_SEQ_MEAN_TOKEN_SUM ? per_seq
+                      : agg == AGG_SEQ_MEAN_TOKEN_SUM_NORM ? per_seq_norm
                       : per_seq * count_reciprocal(counts[r]);
         const struct ppo_grad_pass c = {logp, old_logp, advantages, weight, mask, t_len, ratio_low, ratio_high,
                                         dual_clip, ratio_clamp, out};

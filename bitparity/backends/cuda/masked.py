@@ -12,8 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .canonical import count_reciprocal, masked_row_sum, program_rows, reciprocal, rsqrt, tree_sum
+from .canonical import count_reciprocal, masked_row_sum, nan_max, program_rows, reciprocal, rsqrt, tree_sum
 from .layout import block_rows, launch, row_layout
+
+
+@triton.jit
+def floored(var, eps, CLAMP: tl.constexpr):
+    # var + eps ("add", verl/TRL), or max(var, eps) with NaN propagated ("clamp", OpenRLHF), as
+    # canonical._floored.  eps is a positive normal float32 value (ops.py checks), so the maximum is
+    # never a tie between +0.0 and -0.0.
+    if CLAMP:
+        return nan_max(var, eps)
+    return var + eps
 
 
 @triton.jit
@@ -27,12 +37,13 @@ def masked_mean_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments,
 
 @triton.jit
 def masked_whiten_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
-                         SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr,
+                         SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr, CLAMP: tl.constexpr,
                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols], each row whitened alone (ops passes one row):
     #   mean = masked mean; ss = canonical sum of select(m, d * d, -0.0), d = x - mean;
     #   var  = ss * reciprocal(max(n - 1, 1)) (unbiased) or ss * reciprocal(max(n, 1));
-    #   out  = select(m, d * rsqrt(var + eps) [+ mean when not SHIFT_MEAN], 0.0).
+    #   out  = select(m, d * rsqrt(floored(var, eps)) [+ mean when not SHIFT_MEAN], 0.0),
+    #   floored = var + eps, or max(var, eps) (NaN-propagating) when CLAMP (spec 15.3).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     total, count = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
     mean = total * count_reciprocal(count.to(tl.float32)) + 0.0        # [BLOCK_R]
@@ -43,7 +54,7 @@ def masked_whiten_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, e
     else:
         divisor = tl.maximum(count, 1)
     # The divisor is an exact integer >= 1 before its one rounding to float32.
-    inv = rsqrt(ss * reciprocal(divisor.to(tl.float32)) + eps)         # [BLOCK_R]
+    inv = rsqrt(floored(ss * reciprocal(divisor.to(tl.float32)), eps, CLAMP))     # [BLOCK_R]
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
@@ -82,12 +93,12 @@ def masked_mean_backward_kernel(mask_ptr, g_ptr, out_ptr, n_rows, n_cols,
 
 @triton.jit
 def masked_whiten_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
-                                  SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr,
+                                  SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr, CLAMP: tl.constexpr,
                                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, g, out: [n_rows, n_cols] (spec 26.8), with the forward's
-    # mean, d = x - mean, rk = 1/divisor and inv = rsqrt(ss * rk + eps):
+    # mean, d = x - mean, rk = 1/divisor, var = ss * rk and inv = rsqrt(floored(var, eps, CLAMP)):
     #   gbar = masked mean of g;  gd = canonical sum of select(m, g * d, -0.0)
-    #   z    = d * inv;  c = (gd * rk) * inv
+    #   z    = d * inv;  c = (gd * rk) * inv, or +0.0 where CLAMP holds var at eps (var < eps)
     #   out  = select(m, ((g - gbar) - z * c) * inv [+ gbar when not SHIFT_MEAN], +0.0).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
     # The forward's statistics, in masked_whiten_kernel's order.
@@ -101,13 +112,17 @@ def masked_whiten_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_col
     else:
         divisor = tl.maximum(count, 1)
     rk = reciprocal(divisor.to(tl.float32))
-    inv = rsqrt(ss * rk + eps)                                          # [BLOCK_R]
+    var = ss * rk                                                       # [BLOCK_R]
+    inv = rsqrt(floored(var, eps, CLAMP))
     # The gradient's two row sums: g's masked mean (the same count) and g . d.
     g_total, _ = masked_row_sum(g_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
     g_bar = (g_total * r + 0.0)[:, None]                                # [BLOCK_R, 1]
     gd, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
                            center=mean, factor_ptr=g_ptr)
-    c = ((gd * rk) * inv)[:, None]                                      # [BLOCK_R, 1]
+    c = (gd * rk) * inv                                                 # [BLOCK_R]
+    if CLAMP:
+        c = tl.where(var < eps, 0.0, c)                                 # var held constant at eps
+    c = c[:, None]                                                      # [BLOCK_R, 1]
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
@@ -137,9 +152,9 @@ def masked_mean(x, mask):
     return _launch(masked_mean_kernel, (x, x if mask is None else mask, out), HAS_MASK=mask is not None)
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
     return _launch(masked_whiten_kernel, (x, mask, torch.empty_like(x)), float(eps),
-                   SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased))
+                   SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased), CLAMP=eps_mode == "clamp")
 
 
 def masked_mean_backward(mask, g):
@@ -153,6 +168,6 @@ def masked_mean_backward(mask, g):
     return out
 
 
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
     return _launch(masked_whiten_backward_kernel, (x, mask, g, torch.empty_like(x)), float(eps),
-                   SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased))
+                   SHIFT_MEAN=bool(shift_mean), UNBIASED=bool(unbiased), CLAMP=eps_mode == "clamp")

@@ -6,6 +6,9 @@ One elementwise kernel writes every token's loss and clipped flag (1.0 or
 (masked.masked_mean, reduce.sum), each row or the whole [B * T] tensor as
 one row following the reduction structure of its own length.
 
+The sequence modes average over the non-empty sequences, a masked mean with
+mask e_b = (n_b > 0); seq-mean-token-sum-norm then scales by reciprocal(T).
+
 The backward runs the aggregation backwards first: the weight of each token,
 d(loss)/d(token loss), comes from masked.masked_mean_backward (and, for the
 sum over a sequence, its backward select(m, g, +0.0)); one elementwise kernel
@@ -93,12 +96,30 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
            ratio_low, ratio_high, dual_clip, ratio_clamp, BLOCK=block)
     if agg == "token-mean":
         total = masked_mean(loss.reshape(1, -1), mask.reshape(1, -1))
-    elif agg == "seq-mean-token-sum":
-        total = masked_mean(canonical_sum(loss, mask).reshape(1, -1), None)
     else:
-        total = masked_mean(masked_mean(loss, mask).reshape(1, -1), None)
+        # The sequence modes average over the non-empty sequences (spec 17.2): a masked mean over the
+        # B per-sequence values with mask e_b = (n_b > 0).
+        if agg == "seq-mean-token-mean":
+            per_sequence = masked_mean(loss, mask)
+        else:
+            per_sequence = canonical_sum(loss, mask)
+        total = masked_mean(per_sequence.reshape(1, -1), _non_empty(mask))
+        if agg == "seq-mean-token-sum-norm":
+            total = _per_token(total, mask.shape[1])
     frac = masked_mean(clipped.reshape(1, -1), mask.reshape(1, -1))
     return total.reshape(()), frac.reshape(())
+
+
+def _non_empty(mask):
+    """[B, T] bool -> [1, B] bool: e_b = (n_b > 0), the sequences the sequence modes average over."""
+    return mask.any(dim=1).reshape(1, -1).contiguous()
+
+
+def _per_token(x, n_tokens):
+    """x: f32 [1] -> f32 [1]: x * reciprocal(float(T)), T = n_tokens >= 1, by masked_mean_backward over a row
+    of T counted entries (g * R(T), R(T) = reciprocal(T) for T >= 1; every entry is the same)."""
+    every_token = torch.ones((1, n_tokens), dtype=torch.bool, device=x.device)
+    return masked_mean_backward(every_token, x)[:, 0].contiguous()
 
 
 def _token_weights(mask, agg, g):
@@ -106,11 +127,12 @@ def _token_weights(mask, agg, g):
     the forward's aggregation; what is at the other tokens does not matter (the kernel selects them out)."""
     if agg == "token-mean":
         return masked_mean_backward(mask.reshape(1, -1), g).reshape(mask.shape)        # g * R(n)
-    every_sequence = torch.ones((1, mask.shape[0]), dtype=torch.bool, device=mask.device)
-    per_sequence = masked_mean_backward(every_sequence, g).reshape(-1)                # g * R(B)
-    if agg == "seq-mean-token-sum":
-        return torch.where(mask, per_sequence[:, None], 0.0)      # the sum's backward (spec 26.11): data movement
-    return masked_mean_backward(mask, per_sequence)                                  # (g * R(B)) * R(n_b)
+    if agg == "seq-mean-token-sum-norm":
+        g = _per_token(g, mask.shape[1])                                             # g * reciprocal(T)
+    per_sequence = masked_mean_backward(_non_empty(mask), g).reshape(-1)              # g * R(E)
+    if agg == "seq-mean-token-mean":
+        return masked_mean_backward(mask, per_sequence)                              # (g * R(E)) * R(n_b)
+    return torch.where(mask, per_sequence[:, None], 0.0)          # the sum's backward (spec 26.11): data movement
 
 
 def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp,

@@ -64,15 +64,16 @@ def masked_mean(x, mask):
     return (x * mask).sum(dim=-1) / (mask.sum(dim=-1) + 1e-8)
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
-    # verl's masked_whiten / masked_var: multiply-by-mask sums, Bessel factor n / (n - 1), rsqrt.
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    # verl's masked_whiten / masked_var: multiply-by-mask sums, Bessel factor n / (n - 1), rsqrt;
+    # OpenRLHF's clamp: rsqrt(max(var, eps)).
     mean = masked_mean(x, mask)[:, None]
     centered = x - mean
     var = masked_mean(centered * centered, mask)[:, None]
     if unbiased:
         n = mask.sum(dim=-1, keepdim=True)
         var = var * (n / (n - 1).clamp(min=1))
-    out = centered * torch.rsqrt(var + eps)
+    out = centered * torch.rsqrt(var + eps if eps_mode == "add" else var.clamp(min=eps))
     if not shift_mean:
         out = out + mean
     return out * mask
@@ -111,7 +112,7 @@ def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
 
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg):
-    # verl's compute_policy_loss + agg_loss.
+    # verl's compute_policy_loss + agg_loss (0.10: sequence modes average over non-empty sequences).
     d = logp - old_logp
     if ratio_clamp is not None:
         d = d.clamp(-ratio_clamp, ratio_clamp)
@@ -122,12 +123,15 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     if dual_clip is not None:
         loss = torch.where(advantages < 0, torch.minimum(-advantages * dual_clip, loss), loss)
     m = mask.to(loss.dtype)
+    non_empty = m.sum(dim=-1) > 0
     if agg == "token-mean":
         total = (loss * m).sum() / (m.sum() + 1e-8)
-    elif agg == "seq-mean-token-sum":
-        total = (loss * m).sum(dim=-1).mean()
+    elif agg == "seq-mean-token-mean":
+        total = ((loss * m).sum(dim=-1) / (m.sum(dim=-1) + 1e-8))[non_empty].sum() / non_empty.sum().clamp(min=1)
     else:
-        total = ((loss * m).sum(dim=-1) / (m.sum(dim=-1) + 1e-8)).mean()
+        total = (loss * m).sum(dim=-1)[non_empty].sum() / non_empty.sum().clamp(min=1)
+        if agg == "seq-mean-token-sum-norm":
+            total = total / loss.shape[-1]
     frac = ((loss2 > loss1).to(loss.dtype) * m).sum() / (m.sum() + 1e-8)
     return total, frac
 

@@ -81,8 +81,8 @@ def masked_mean(x, mask):
 
 
 @_quiet
-def masked_whiten(x, mask, shift_mean, unbiased, eps):
-    return _torch(canonical.masked_whiten(_np(x), _np(mask), shift_mean, unbiased, eps))
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    return _torch(canonical.masked_whiten(_np(x), _np(mask), shift_mean, unbiased, eps, eps_mode))
 
 
 @_quiet
@@ -183,8 +183,8 @@ def masked_mean_backward(mask, g):
 
 
 @_quiet
-def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, g):
-    return _torch(canonical.masked_whiten_backward(_np(x), _np(mask), shift_mean, unbiased, eps, _np(g)))
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
+    return _torch(canonical.masked_whiten_backward(_np(x), _np(mask), shift_mean, unbiased, eps, eps_mode, _np(g)))
 
 
 @_quiet

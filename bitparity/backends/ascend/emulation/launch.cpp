@@ -22,13 +22,14 @@ void bitparity_exp(GM_ADDR x, GM_ADDR y, uint32_t n);
 void bitparity_log(GM_ADDR x, GM_ADDR y, uint32_t n);
 void bitparity_masked_mean(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask);
 void bitparity_masked_whiten(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t shiftMean,
-                             uint32_t unbiased, float eps);
+                             uint32_t unbiased, float eps, uint32_t epsMode);
 void bitparity_kl_penalty(GM_ADDR logp, GM_ADDR refLogp, GM_ADDR out, uint32_t n, uint32_t kind, float clamp,
                           float logRatioClamp);
 void bitparity_gae(GM_ADDR rewards, GM_ADDR values, GM_ADDR mask, GM_ADDR bootstrap, GM_ADDR advantages,
                    GM_ADDR returns, uint32_t rows, uint32_t cols, float gamma, float gammaLambda, uint32_t zeroMode);
 void bitparity_ppo_token_losses(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR loss, GM_ADDR clipped,
                                 uint32_t n, float ratioLow, float ratioHigh, float dualClip, float ratioClamp);
+void bitparity_ppo_token_sum_norm(GM_ADDR total, GM_ADDR out, uint32_t cols);
 void bitparity_philox(GM_ADDR counters, GM_ADDR keys, GM_ADDR out, uint32_t n);
 void bitparity_topk(GM_ADDR x, GM_ADDR values, GM_ADDR indices, uint32_t rows, uint32_t cols, uint32_t k);
 void bitparity_filter_logits(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR topP, GM_ADDR minP, GM_ADDR out,
@@ -54,7 +55,7 @@ void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR g, GM_
                                        uint32_t cols, float scale);
 void bitparity_masked_mean_backward(GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols);
 void bitparity_masked_whiten_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                      uint32_t shiftMean, uint32_t unbiased, float eps);
+                                      uint32_t shiftMean, uint32_t unbiased, float eps, uint32_t epsMode);
 void bitparity_kl_penalty_backward(GM_ADDR logp, GM_ADDR refLogp, GM_ADDR g, GM_ADDR out, uint32_t n, uint32_t kind,
                                    float clamp, float logRatioClamp);
 void bitparity_ppo_token_weights(GM_ADDR mask, GM_ADDR g, GM_ADDR weights, uint32_t rows, uint32_t cols,
@@ -115,10 +116,11 @@ int bp_masked_mean(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32
 }
 
 int bp_masked_whiten(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
-                     uint32_t shiftMean, uint32_t unbiased, float eps)
+                     uint32_t shiftMean, uint32_t unbiased, float eps, uint32_t epsMode)
 {
-    return bp_emulation::Launch(blocks,
-                                [&] { bitparity_masked_whiten(x, mask, out, rows, cols, shiftMean, unbiased, eps); });
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_masked_whiten(x, mask, out, rows, cols, shiftMean, unbiased, eps, epsMode);
+    });
 }
 
 int bp_kl_penalty(uint32_t blocks, GM_ADDR logp, GM_ADDR refLogp, GM_ADDR out, uint32_t n, uint32_t kind,
@@ -143,6 +145,11 @@ int bp_ppo_token_losses(uint32_t blocks, GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR 
         bitparity_ppo_token_losses(logp, oldLogp, advantages, loss, clipped, n, ratioLow, ratioHigh, dualClip,
                                    ratioClamp);
     });
+}
+
+int bp_ppo_token_sum_norm(uint32_t blocks, GM_ADDR total, GM_ADDR out, uint32_t cols)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_ppo_token_sum_norm(total, out, cols); });
 }
 
 int bp_philox(uint32_t blocks, GM_ADDR counters, GM_ADDR keys, GM_ADDR out, uint32_t n)
@@ -241,10 +248,10 @@ int bp_masked_mean_backward(uint32_t blocks, GM_ADDR mask, GM_ADDR g, GM_ADDR ou
 }
 
 int bp_masked_whiten_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                              uint32_t cols, uint32_t shiftMean, uint32_t unbiased, float eps)
+                              uint32_t cols, uint32_t shiftMean, uint32_t unbiased, float eps, uint32_t epsMode)
 {
     return bp_emulation::Launch(blocks, [&] {
-        bitparity_masked_whiten_backward(x, mask, g, out, rows, cols, shiftMean, unbiased, eps);
+        bitparity_masked_whiten_backward(x, mask, g, out, rows, cols, shiftMean, unbiased, eps, epsMode);
     });
 }
 

@@ -14,7 +14,9 @@
 // masked_whiten then makes two more passes over the row:
 //   ss = canonical sum of select(m, (x - mean) * (x - mean), -0.0);
 //   var = ss * reciprocal(max(n - 1, 1)) (unbiased) or ss * reciprocal(max(n, 1));
-//   inv = rsqrt(var + eps) (canonical.h, spec 15.2);
+//   inv = rsqrt(floored(var)) (canonical.h, spec 15.2), floored(var) = var + eps
+//     (epsMode ADD) or max(var, eps) (epsMode CLAMP, NaN-propagating: numpy's
+//     maximum, var where var >= eps or var is NaN, else eps);
 //   out = (x - mean) * inv, + mean when !shiftMean; 0.0 where m is False.
 //
 // Backward (spec 26.7, 26.8), beside the forwards:
@@ -24,10 +26,11 @@
 //     R, mean); pass 2 reads x, m and g once for three canonical sums side by side:
 //     ss of select(m, d * d, -0.0) (the forward's), gs of select(m, g, -0.0) and gd
 //     of select(m, g * d, -0.0), d = x - mean; then rk = reciprocal(max(n - 1, 1))
-//     (or max(n, 1)), inv = rsqrt(ss * rk + eps), gbar = gs * R + 0.0,
-//     c = (gd * rk) * inv; pass 3: z = d * inv,
+//     (or max(n, 1)), var = ss * rk, inv = rsqrt(floored(var)), gbar = gs * R + 0.0,
+//     c = (gd * rk) * inv, or +0.0 under CLAMP where var < eps (the clamp holds the
+//     variance at eps, so it passes no gradient); pass 3: z = d * inv,
 //     dx = select(m, ((g - gbar) - z * c) * inv [+ gbar when !shiftMean], +0.0).
-// The scalar steps (sum * R + 0.0, n - 1, ss * R', var + eps) run on the scalar
+// The scalar steps (sum * R + 0.0, n - 1, ss * R', var + eps or max(var, eps)) run on the scalar
 // unit; the reciprocals and the rsqrt on a 64-lane vector holding the scalar in
 // every lane.  Rows are spread over AI cores as in reduce.cpp; the ops pass one
 // row (the whole tensor) to whiten, which one core then computes.
@@ -49,6 +52,9 @@ namespace bitparity {
 
 enum class MaskedOp { MEAN, WHITEN, WHITEN_BACKWARD };
 
+// The values bitparity/backends/ascend passes for masked_whiten's eps_mode.
+enum class EpsMode : uint32_t { ADD = 0, CLAMP = 1 };
+
 // The canonical masked sum of a row and its count.
 struct MaskedSums {
     float sum;
@@ -61,13 +67,14 @@ public:
     __aicore__ inline KernelMasked() {}
 
     __aicore__ inline void Init(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
-                                uint32_t shiftMean, uint32_t unbiased, float eps)
+                                uint32_t shiftMean, uint32_t unbiased, float eps, uint32_t epsMode)
     {
         this->cols = cols;
         this->hasMask = hasMask != 0;
         this->shiftMean = shiftMean != 0;
         this->unbiased = unbiased != 0;
         this->eps = eps;
+        this->epsMode = static_cast<EpsMode>(epsMode);
         geo = MakeRowGeometry(cols);
         share = ThisCoresShare(rows);
         uint64_t elements = static_cast<uint64_t>(rows) * cols;
@@ -275,7 +282,7 @@ private:
         float divisor = unbiased ? count - 1.0f : count;   // exact: count is an integer <= 2^24
         divisor = divisor > 1.0f ? divisor : 1.0f;
         float var = ss * ScalarReciprocal(divisor);
-        float inv = ScalarRsqrt(var + eps);
+        float inv = ScalarRsqrt(Floored(var));
         for (uint32_t g = 0; g < geo.segments; ++g) {
             for (uint32_t c = 0; c < geo.DataChunks(g); ++c) {
                 uint64_t offset = rowStart + geo.ChunkStart(g, c);
@@ -390,10 +397,13 @@ private:
         divisor = divisor > 1.0f ? divisor : 1.0f;
         float rk = ScalarReciprocal(divisor);
         float var = ssum * rk;
-        float inv = ScalarRsqrt(var + eps);
+        float inv = ScalarRsqrt(Floored(var));
         float gbar = gsum * r + 0.0f;
         float scaled = gdsum * rk;
         float c = scaled * inv;
+        if (epsMode == EpsMode::CLAMP && var < eps) {
+            c = 0.0f;
+        }
         for (uint32_t seg = 0; seg < geo.segments; ++seg) {
             for (uint32_t ch = 0; ch < geo.DataChunks(seg); ++ch) {
                 uint64_t offset = rowStart + geo.ChunkStart(seg, ch);
@@ -403,6 +413,15 @@ private:
                 CopyOut(offset, len);
             }
         }
+    }
+
+    // var + eps (ADD) or max(var, eps) (CLAMP), NaN-propagating as numpy's maximum (spec 15.3).
+    __aicore__ inline float Floored(float var)
+    {
+        if (epsMode == EpsMode::ADD) {
+            return var + eps;
+        }
+        return (var >= eps || var != var) ? var : eps;
     }
 
     // ---- Scalar functions computed on a 64-lane vector -----------------------------
@@ -471,6 +490,7 @@ private:
     bool shiftMean = true;
     bool unbiased = true;
     float eps = 0.0f;
+    EpsMode epsMode = EpsMode::ADD;
 };
 
 // The backward of masked_mean (spec 26.7): dx = select(m, g * R, +0.0), R the forward's 1/count.
@@ -596,16 +616,16 @@ extern "C" __global__ __aicore__ void bitparity_masked_mean(GM_ADDR x, GM_ADDR m
                                                             uint32_t cols, uint32_t hasMask)
 {
     bitparity::KernelMasked<bitparity::MaskedOp::MEAN> op;
-    op.Init(x, mask, out, rows, cols, hasMask, 1, 1, 0.0f);
+    op.Init(x, mask, out, rows, cols, hasMask, 1, 1, 0.0f, 0);
     op.Process();
 }
 
 extern "C" __global__ __aicore__ void bitparity_masked_whiten(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows,
                                                               uint32_t cols, uint32_t shiftMean, uint32_t unbiased,
-                                                              float eps)
+                                                              float eps, uint32_t epsMode)
 {
     bitparity::KernelMasked<bitparity::MaskedOp::WHITEN> op;
-    op.Init(x, mask, out, rows, cols, 1, shiftMean, unbiased, eps);
+    op.Init(x, mask, out, rows, cols, 1, shiftMean, unbiased, eps, epsMode);
     op.Process();
 }
 
@@ -620,10 +640,10 @@ extern "C" __global__ __aicore__ void bitparity_masked_mean_backward(GM_ADDR mas
 extern "C" __global__ __aicore__ void bitparity_masked_whiten_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g,
                                                                        GM_ADDR out, uint32_t rows, uint32_t cols,
                                                                        uint32_t shiftMean, uint32_t unbiased,
-                                                                       float eps)
+                                                                       float eps, uint32_t epsMode)
 {
     bitparity::KernelMasked<bitparity::MaskedOp::WHITEN_BACKWARD> op;
-    op.Init(x, mask, out, rows, cols, 1, shiftMean, unbiased, eps);
+    op.Init(x, mask, out, rows, cols, 1, shiftMean, unbiased, eps, epsMode);
     op.InitGradient(g, rows);
     op.Process();
 }

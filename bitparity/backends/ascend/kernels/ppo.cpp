@@ -18,16 +18,22 @@
 // so do na * dualClip and loss where advantages < 0.
 //
 // The aggregation (spec 17.2) is not here: the binding reduces loss and clipped
-// with the canonical masked mean and sum kernels (masked.cpp, reduce.cpp).
-// Tiling as in elementwise.cpp.
+// with the canonical masked mean and sum kernels (masked.cpp, reduce.cpp), the
+// sequence modes over the non-empty sequences only (e_b = n_b > 0, a mask).
+// Tiling as in elementwise.cpp.  seq-mean-token-sum-norm's last step is here
+// (ppo_token_sum_norm, KernelPpoNorm, one core): out = total * reciprocal(T), T
+// the row length as a float (exact: T <= 2^24).
 //
 // Backward (spec 26.10): two launches.
 //   ppo_token_weights (KernelPpoWeights): w_b, the loss's derivative w.r.t. each
 //     counted token loss of sequence b, with g the loss's gradient (f32[1] in GM),
 //     R(k) = (k == 0 ? 0 : reciprocal(k)), n the count of all B * T mask entries
-//     (one core, the whole mask as one row), n_b that of row b, B the rows:
-//       token-mean g * R(n); seq-mean-token-sum g * R(B);
-//       seq-mean-token-mean (g * R(B)) * R(n_b).
+//     (one core, the whole mask as one row), n_b that of row b, E the number of
+//     non-empty rows (n_b > 0; every core counts all rows for it, exactly), T the
+//     row length:
+//       token-mean g * R(n); seq-mean-token-sum g * R(E);
+//       seq-mean-token-mean (g * R(E)) * R(n_b);
+//       seq-mean-token-sum-norm (g * reciprocal(T)) * R(E).
 //   ppo_policy_loss_backward (KernelPpoGrad): rows over cores, each row's tokens by
 //     chunks as in softmax.cpp; the forward's d0, d, ratio, na, loss1, loss2 in its
 //     order, then dlogp = loss1 * w_b, +0.0 where the mask is False, where
@@ -43,7 +49,8 @@
 // 2 x 4096 (VECOUT), d0, d, ratio, na, loss1, loss2, tmp, zeros 8 x 4096, work
 // 16384, maskHalf 2048, bits 128: 86,144 B.  KernelPpoWeights: mask 2 x 1024
 // (VECIN), count, term, ones, laneIndex 4 x 4096, maskHalf 2048, bits 128,
-// scalar lanes and work 2304, results 4096: 27,008 B.
+// scalar lanes and work 2304, results 4096: 27,008 B.  KernelPpoNorm: scalar
+// lanes and work 2304, results 4096: 6,400 B.
 
 #include "kernel_operator.h"
 #include "canonical.h"
@@ -188,7 +195,12 @@ private:
 // ---- Backward (spec 26.10) -----------------------------------------------------------
 
 // The values bitparity/backends/ascend passes for ops.PPO_AGGS.
-enum class PpoAgg : uint32_t { TOKEN_MEAN = 0, SEQ_MEAN_TOKEN_SUM = 1, SEQ_MEAN_TOKEN_MEAN = 2 };
+enum class PpoAgg : uint32_t {
+    TOKEN_MEAN = 0,
+    SEQ_MEAN_TOKEN_SUM = 1,
+    SEQ_MEAN_TOKEN_MEAN = 2,
+    SEQ_MEAN_TOKEN_SUM_NORM = 3
+};
 
 // w_b per row (spec 26.10's token weights).
 class KernelPpoWeights {
@@ -235,12 +247,19 @@ public:
                 results.Put(row, w);
             }
         } else {
-            const float perRow = g * CountReciprocal(static_cast<float>(rows));   // exact: rows <= 2^24
+            const float sequences = CountReciprocal(NonEmptyRows());
+            float perRow = g * sequences;
+            if (agg == PpoAgg::SEQ_MEAN_TOKEN_SUM_NORM) {
+                // exact: cols <= 2^24
+                const float norm = ReciprocalOfScalar(static_cast<float>(cols), scalarInBuf.Get<float>(),
+                                                      scalarOutBuf.Get<float>(), scalarWorkBuf.Get<float>());
+                perRow = (g * norm) * sequences;
+            }
             for (uint32_t row = share.begin; row < share.end; ++row) {
-                if (agg == PpoAgg::SEQ_MEAN_TOKEN_SUM) {
-                    results.Put(row, perRow);
-                } else {
+                if (agg == PpoAgg::SEQ_MEAN_TOKEN_MEAN) {
                     results.Put(row, perRow * CountReciprocal(Count(static_cast<uint64_t>(row) * cols)));
+                } else {
+                    results.Put(row, perRow);
                 }
             }
         }
@@ -248,6 +267,18 @@ public:
     }
 
 private:
+    // E, the number of rows with at least one True entry, as a float (exact: rows <= 2^24).
+    __aicore__ inline float NonEmptyRows()
+    {
+        uint32_t nonEmpty = 0;
+        for (uint32_t row = 0; row < rows; ++row) {
+            if (Count(static_cast<uint64_t>(row) * cols) > 0.0f) {
+                ++nonEmpty;
+            }
+        }
+        return static_cast<float>(nonEmpty);
+    }
+
     // The number of True entries of the geometry's row starting at rowStart, exact (tiling.h's AccumulateCount).
     __aicore__ inline float Count(uint64_t rowStart)
     {
@@ -299,6 +330,47 @@ private:
     uint32_t rows = 0;
     uint32_t cols = 0;
     PpoAgg agg = PpoAgg::TOKEN_MEAN;
+};
+
+// seq-mean-token-sum-norm's last step (spec 17.2): out = total * reciprocal(T), on one core.
+class KernelPpoNorm {
+public:
+    __aicore__ inline KernelPpoNorm() {}
+
+    // total, out: f32[1]; cols: T, the row length.
+    __aicore__ inline void Init(GM_ADDR total, GM_ADDR out, uint32_t cols)
+    {
+        this->cols = cols;
+        share = ThisCoresShare(1);
+        totalGm.SetGlobalBuffer((__gm__ float*)total, 1);
+        pipe.InitBuffer(scalarInBuf, FLOATS_PER_REPEAT * sizeof(float));
+        pipe.InitBuffer(scalarOutBuf, FLOATS_PER_REPEAT * sizeof(float));
+        pipe.InitBuffer(scalarWorkBuf, 7 * FLOATS_PER_REPEAT * sizeof(float));
+        results.Init(&pipe, out, 1);
+    }
+
+    __aicore__ inline void Process()
+    {
+        if (share.begin == share.end) {
+            return;
+        }
+        const float total = totalGm.GetValue(0);
+        // exact: cols <= 2^24
+        const float norm = ReciprocalOfScalar(static_cast<float>(cols), scalarInBuf.Get<float>(),
+                                              scalarOutBuf.Get<float>(), scalarWorkBuf.Get<float>());
+        results.Put(0, total * norm);
+        results.Flush();
+    }
+
+private:
+    AscendC::TPipe pipe;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarInBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarOutBuf;
+    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarWorkBuf;
+    RowResults results;
+    AscendC::GlobalTensor<float> totalGm;
+    Range share;
+    uint32_t cols = 0;
 };
 
 // dlogp per token (spec 26.10).
@@ -485,6 +557,13 @@ extern "C" __global__ __aicore__ void bitparity_ppo_token_losses(GM_ADDR logp, G
 {
     bitparity::KernelPpoTokens op;
     op.Init(logp, oldLogp, advantages, loss, clipped, n, ratioLow, ratioHigh, dualClip, ratioClamp);
+    op.Process();
+}
+
+extern "C" __global__ __aicore__ void bitparity_ppo_token_sum_norm(GM_ADDR total, GM_ADDR out, uint32_t cols)
+{
+    bitparity::KernelPpoNorm op;
+    op.Init(total, out, cols);
     op.Process();
 }
 

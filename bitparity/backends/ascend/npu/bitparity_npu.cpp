@@ -200,14 +200,22 @@ at::Tensor MaskedMeanOp(const at::Tensor& x, const c10::optional<at::Tensor>& ma
     return out;
 }
 
-at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased, double eps)
+// eps_mode as kernels/masked.cpp's EpsMode code: 0 "add", 1 "clamp".
+void CheckEpsMode(int64_t epsMode)
+{
+    TORCH_CHECK(epsMode == 0 || epsMode == 1, "bitparity (ascend): eps_mode is an EpsMode code (kernels/masked.cpp)");
+}
+
+at::Tensor MaskedWhitenOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased, double eps,
+                          int64_t epsMode)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
+    CheckEpsMode(epsMode);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
     BITPARITY_LAUNCH(bitparity_masked_whiten, Blocks(rows), Gm(x), RequiredMask(x, mask), Gm(out), rows, cols,
-                     shiftMean, unbiased, Float32(eps));
+                     shiftMean, unbiased, Float32(eps), static_cast<uint32_t>(epsMode));
     return out;
 }
 
@@ -526,15 +534,16 @@ at::Tensor MaskedMeanBackwardOp(const at::Tensor& mask, const at::Tensor& g)
 }
 
 at::Tensor MaskedWhitenBackwardOp(const at::Tensor& x, const at::Tensor& mask, bool shiftMean, bool unbiased,
-                                  double eps, const at::Tensor& g)
+                                  double eps, int64_t epsMode, const at::Tensor& g)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
+    CheckEpsMode(epsMode);
     CheckLike(g, x, "g");
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
     BITPARITY_LAUNCH(bitparity_masked_whiten_backward, Blocks(rows), Gm(x), RequiredMask(x, mask), Gm(g), Gm(out),
-                     rows, cols, shiftMean, unbiased, Float32(eps));
+                     rows, cols, shiftMean, unbiased, Float32(eps), static_cast<uint32_t>(epsMode));
     return out;
 }
 
@@ -554,6 +563,21 @@ at::Tensor KlPenaltyBackwardOp(const at::Tensor& logp, const at::Tensor& refLogp
     return out;
 }
 
+// seq-mean-token-sum-norm's last step (spec 17.2): total * reciprocal(T), T = cols, on one core.
+// total: the masked mean over the non-empty sequences, float32 [1] on the NPU.
+at::Tensor PpoTokenSumNormOp(const at::Tensor& total, int64_t cols)
+{
+    const c10::DeviceGuard guard(total.device());
+    TORCH_CHECK(total.device().type() == c10::DeviceType::PrivateUse1,
+                "bitparity (ascend): total must be an NPU tensor");
+    CheckShaped(total, total, {1}, "total");
+    TORCH_CHECK(cols >= 0 && cols <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ",
+                bitparity::MAX_ROW, " floats");
+    at::Tensor out = at::empty({1}, total.options());
+    BITPARITY_LAUNCH(bitparity_ppo_token_sum_norm, 1u, Gm(total), Gm(out), static_cast<uint32_t>(cols));
+    return out;
+}
+
 // Two launches on the stream, in order: the per-sequence token weights (one core for token-mean, which
 // counts the whole mask), then the per-token gradient w.r.t. logp.  g: the loss's gradient, float32 [1].
 at::Tensor PpoPolicyLossBackwardOp(const at::Tensor& logp, const at::Tensor& oldLogp, const at::Tensor& advantages,
@@ -565,7 +589,7 @@ at::Tensor PpoPolicyLossBackwardOp(const at::Tensor& logp, const at::Tensor& old
     CheckLike(oldLogp, logp, "old_logp");
     CheckLike(advantages, logp, "advantages");
     CheckShaped(g, logp, {1}, "g");
-    TORCH_CHECK(agg >= 0 && agg <= 2, "bitparity (ascend): agg is a PpoAgg code (kernels/ppo.cpp)");
+    TORCH_CHECK(agg >= 0 && agg <= 3, "bitparity (ascend): agg is a PpoAgg code (kernels/ppo.cpp)");
     const int64_t rows = logp.size(0), cols = logp.size(1);
     const int64_t longest = agg == 0 ? rows * cols : std::max(rows, cols);
     TORCH_CHECK(longest <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ", bitparity::MAX_ROW,
@@ -593,12 +617,13 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("exp(Tensor x) -> Tensor");
     m.def("log(Tensor x) -> Tensor");
     m.def("masked_mean(Tensor x, Tensor? mask) -> Tensor");
-    m.def("masked_whiten(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps) -> Tensor");
+    m.def("masked_whiten(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps, int eps_mode) -> Tensor");
     m.def("kl_penalty(Tensor logp, Tensor ref_logp, int kind, float clamp, float log_ratio_clamp) -> Tensor");
     m.def("gae(Tensor rewards, Tensor values, Tensor mask, Tensor bootstrap, float gamma, float gamma_lambda, "
           "bool zero_mode) -> (Tensor, Tensor)");
     m.def("ppo_token_losses(Tensor logp, Tensor old_logp, Tensor advantages, float ratio_low, float ratio_high, "
           "float dual_clip, float ratio_clamp) -> (Tensor, Tensor)");
+    m.def("ppo_token_sum_norm(Tensor total, int cols) -> Tensor");
     m.def("philox(Tensor counters, Tensor keys) -> Tensor");      // uint32 words held in int32 tensors
     m.def("topk(Tensor x, int k) -> (Tensor, Tensor)");
     m.def("filter_logits(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor");
@@ -616,8 +641,8 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("entropy_backward(Tensor x, Tensor? mask, float scale, Tensor h, Tensor g) -> Tensor");
     m.def("token_logprobs_backward(Tensor x, Tensor tokens, float scale, Tensor g) -> Tensor");
     m.def("masked_mean_backward(Tensor mask, Tensor g) -> Tensor");
-    m.def("masked_whiten_backward(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps, Tensor g) "
-          "-> Tensor");
+    m.def("masked_whiten_backward(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps, int eps_mode, "
+          "Tensor g) -> Tensor");
     m.def("kl_penalty_backward(Tensor logp, Tensor ref_logp, int kind, float clamp, float log_ratio_clamp, "
           "Tensor g) -> Tensor");
     m.def("ppo_policy_loss_backward(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, float ratio_low, "
@@ -639,6 +664,7 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("kl_penalty", TORCH_FN(bitparity_npu::KlPenaltyOp));
     m.impl("gae", TORCH_FN(bitparity_npu::GaeOp));
     m.impl("ppo_token_losses", TORCH_FN(bitparity_npu::PpoTokenLossesOp));
+    m.impl("ppo_token_sum_norm", TORCH_FN(bitparity_npu::PpoTokenSumNormOp));
     m.impl("philox", TORCH_FN(bitparity_npu::PhiloxOp));
     m.impl("topk", TORCH_FN(bitparity_npu::TopkOp));
     m.impl("filter_logits", TORCH_FN(bitparity_npu::FilterLogitsOp));
