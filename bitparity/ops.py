@@ -89,7 +89,8 @@ def _call(op, backend, x, *args):
 
 
 def sum(x, mask=None, *, backend=None):  # noqa: A001 - mirrors torch.sum
-    """Canonical sum over the last dimension; masked entries count as -0.0, the additive identity."""
+    """Canonical sum over the last dimension; masked entries count as -0.0, the additive identity.
+    Differentiable in x (spec 26.11)."""
     _check_float_tensor("x", x, 1)
     rows_mask = _check_mask(mask, x)
     return _call("sum", backend, _rows(x), rows_mask).reshape(x.shape[:-1])
@@ -117,7 +118,7 @@ def logsumexp(x, mask=None, temperature=1.0, *, backend=None):
     """log(sum(exp(x / temperature))) over the last dimension; -inf for a fully masked row.
 
     In this op and the rest of the softmax family, temperature is a scalar or a tensor of shape
-    x.shape[:-1] (one per row)."""
+    x.shape[:-1] (one per row). The family is differentiable in x (spec 26); temperature and mask are not."""
     return _softmax_family("logsumexp", x, mask, temperature, backend).reshape(x.shape[:-1])
 
 
@@ -152,7 +153,8 @@ def _check_index_tensor(name, t, shape_name, shape, device, owner="logits'"):
 def token_logprobs(logits, tokens, temperature=1.0, *, backend=None):
     """log_softmax(logits / temperature) at each chosen token: logits [..., V], tokens int64 [...] -> [...].
 
-    temperature is a scalar or a tensor of shape tokens.shape (one per row)."""
+    temperature is a scalar or a tensor of shape tokens.shape (one per row). Differentiable in logits
+    (spec 26.6); tokens and temperature are not."""
     _check_float_tensor("logits", logits, 1)
     _check_index_tensor("tokens", tokens, "logits.shape[:-1]", logits.shape[:-1], logits.device)
     vocab = logits.shape[-1]
@@ -172,12 +174,13 @@ def _elementwise(op, x, backend):
 
 
 def exp(x, *, backend=None):
-    """The portable float32 exp of docs/spec.md (max error below 1 ulp), element-wise."""
+    """The portable float32 exp of docs/spec.md (max error below 1 ulp), element-wise. Differentiable in x."""
     return _elementwise("exp", x, backend)
 
 
 def log(x, *, backend=None):
-    """The portable float32 log of docs/spec.md (max error below 1 ulp), element-wise."""
+    """The portable float32 log of docs/spec.md (max error below 1 ulp), element-wise. Not differentiable:
+    spec 26 defines no general reciprocal for 1/x (use log_softmax or token_logprobs for log-probabilities)."""
     return _elementwise("log", x, backend)
 
 
@@ -250,7 +253,7 @@ def _flat(x):
 def masked_mean(x, mask, dim=None, *, backend=None):
     """Mean of x over entries where mask is True: over everything (dim=None, a 0-d result) or along dim.
 
-    An all-masked reduction gives +0.0 (verl divides by count + 1e-8, which gives 0 too).
+    An all-masked reduction gives +0.0 (verl divides by count + 1e-8, which gives 0 too). Differentiable in x.
     """
     _check_float_tensor("x", x, 1)
     _required_mask(mask, x)
@@ -287,7 +290,7 @@ def kl_penalty(logp, ref_logp, kind, *, clamp=None, log_ratio_clamp=None, backen
     k2 = d^2 / 2, k3 = e^d - d - 1 (computed without cancellation for small |d|).
 
     log_ratio_clamp clamps d to [-c, c] first; clamp clamps the result to [-c, c]. verl's
-    low_var_kl is kind="k3", log_ratio_clamp=20, clamp=10.
+    low_var_kl is kind="k3", log_ratio_clamp=20, clamp=10. Differentiable in logp and ref_logp (spec 26.9).
     """
     _check_float_tensor("logp", logp, 0)
     _check_same_shape("ref_logp", ref_logp, "logp", logp)
@@ -306,6 +309,7 @@ def gae(rewards, values, mask=None, gamma=1.0, lam=1.0, *, bootstrap=None, mask_
     through and report the carried advantage. mask_mode="zero" (TRL, OpenRLHF): rewards and values
     are zeroed where masked, the recurrence runs through every position, and masked outputs are 0.
     bootstrap [B] is the value after the last position (default 0). Returns are advantages + values.
+    Not differentiable (advantages are targets): pass rewards and values detached.
     """
     _check_float_tensor("rewards", rewards, 2)
     if rewards.dim() != 2:
@@ -335,8 +339,9 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high
 
     The log-ratio is clamped to [-ratio_clamp, ratio_clamp] before exp; the ratio is clipped to
     [1 - clip_low, 1 + clip_high]; dual_clip c (> 1) bounds the loss of negative advantages by
-    -c * advantage. agg is verl's loss_agg_mode. The clip fraction counts valid tokens where the
-    clipped loss exceeds the unclipped one.
+    -c * advantage. agg is verl's loss_agg_mode; the seq-mean modes average over the non-empty sequences.
+    The clip fraction counts valid tokens where the clipped loss exceeds the unclipped one. The loss is
+    differentiable in logp (spec 26.10); old_logp and advantages are constants, the clip fraction has no gradient.
     """
     _check_float_tensor("logp", logp, 2)
     if logp.dim() != 2:
@@ -491,7 +496,8 @@ def _positive_int(name, value, high=None, why=""):
 
 def topk(x, k, *, backend=None):
     """The k largest values of each row and their int64 indices, by value descending then index ascending
-    (spec 21: -0.0 == +0.0, -inf below every number, NaN below -inf): x [..., N] -> ([..., k], [..., k])."""
+    (spec 21: -0.0 == +0.0, -inf below every number, NaN below -inf): x [..., N] -> ([..., k], [..., k]).
+    The values are differentiable in x (their gradient placed at the indices); the indices are not."""
     _check_float_tensor("x", x, 1)
     k = _positive_int("k", k, x.shape[-1], " (the row length)")
     values, indices = _call("topk", backend, _rows(x), k)
@@ -505,7 +511,7 @@ def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bac
     the kept mass); removed tokens are -inf. A row holding NaN or +inf comes out all NaN.
 
     Each parameter is a scalar or a tensor of shape logits.shape[:-1]; top_k = 0, top_p = 1 and
-    min_p = 0 switch a filter off.
+    min_p = 0 switch a filter off. Not differentiable (a selection).
     """
     _check_float_tensor("logits", logits, 1)
     scale, _ = _row_scales(temperature, logits, allow_zero=False)
@@ -523,7 +529,7 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     distribution whose log-probability is returned (spec 22.1): "processed" (what was sampled from,
     after temperature and filters), "scaled" (temperature only, what RL trainers recompute) or "raw"
     (the model's logits, vLLM's default); greedy rows get the raw one under every name; -1 rows get NaN
-    (a NaN or +inf logit) or -inf.
+    (a NaN or +inf logit) or -inf. Not differentiable: recompute log-probabilities with token_logprobs.
     """
     _check_float_tensor("logits", logits, 2)
     if logits.dim() != 2:
@@ -613,6 +619,8 @@ def _check_beam_scores(beam_scores, logits):
 
 
 # -- Model building blocks (spec 24) ---------------------------------------------------
+# Forward only until "Train through bitparity": with grad enabled, an input that requires grad raises
+# NotImplementedError (autograd.py); under torch.no_grad() they run as usual.
 
 
 def _check_param(name, t, shape, like_name, like):
