@@ -288,16 +288,23 @@ def _floored(var, eps, eps_mode):
     return var + F32(eps) if eps_mode == "add" else np.maximum(var, F32(eps))
 
 
-def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
-    """[R, N] -> [R, N]: (x - mean) * rsqrt(var + eps) (or max(var, eps)) per row over counted entries; 0 where not
-    counted (spec 15.3)."""
+def _whiten_stats(x, mask, unbiased, eps, eps_mode):
+    """[R, N] -> (mean, d, rk, var, inv) of spec 15.3, which masked_whiten and its backward both use:
+    d = x - mean, rk = reciprocal(float(max(n - 1, 1))) (unbiased; max(n, 1) biased), var = ss * rk."""
     mean = masked_mean(x, mask)
     d = x - mean[:, None]
     ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
     n = mask.sum(axis=1, dtype=np.int64)
-    divisor = np.maximum(n - 1 if unbiased else n, 1).astype(F32)
-    var = ss * reciprocal(divisor)
-    out = d * rsqrt(_floored(var, eps, eps_mode))[:, None]
+    rk = reciprocal(np.maximum(n - 1 if unbiased else n, 1).astype(F32))
+    var = ss * rk
+    return mean, d, rk, var, rsqrt(_floored(var, eps, eps_mode))
+
+
+def masked_whiten(x, mask, shift_mean, unbiased, eps, eps_mode):
+    """[R, N] -> [R, N]: (x - mean) * rsqrt(var + eps) (or max(var, eps)) per row over counted entries; 0 where not
+    counted (spec 15.3)."""
+    mean, d, _, _, inv = _whiten_stats(x, mask, unbiased, eps, eps_mode)
+    out = d * inv[:, None]
     if not shift_mean:
         out = out + mean[:, None]
     return np.where(mask, out, F32(0.0))
@@ -364,15 +371,19 @@ def gae(rewards, values, mask, bootstrap, gamma, gamma_lambda, mask_mode):
     return adv, ret
 
 
-def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp):
-    """[B, T] -> (loss per token, clipped per token): verl's clipped surrogate (spec 17.1)."""
-    d = logp - old_logp
-    if ratio_clamp is not None:
-        d = _nan_clamp(d, -ratio_clamp, ratio_clamp)
+def _ppo_surrogates(logp, old_logp, advantages, ratio_low, ratio_high, ratio_clamp):
+    """[B, T] -> (d0, neg_adv, loss1, loss2) of spec 17.1, which the loss and its backward both use:
+    d0 = logp - old_logp, the ratio exp(d0 clamped to +-ratio_clamp), loss1 and the clipped loss2."""
+    d0 = logp - old_logp
+    d = d0 if ratio_clamp is None else _nan_clamp(d0, -ratio_clamp, ratio_clamp)
     ratio = exp(d)
     neg_adv = -advantages
-    loss1 = neg_adv * ratio
-    loss2 = neg_adv * _nan_clamp(ratio, ratio_low, ratio_high)
+    return d0, neg_adv, neg_adv * ratio, neg_adv * _nan_clamp(ratio, ratio_low, ratio_high)
+
+
+def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp):
+    """[B, T] -> (loss per token, clipped per token): verl's clipped surrogate (spec 17.1)."""
+    _, neg_adv, loss1, loss2 = _ppo_surrogates(logp, old_logp, advantages, ratio_low, ratio_high, ratio_clamp)
     clipped = loss2 > loss1
     loss = np.maximum(loss1, loss2)
     if dual_clip is not None:
@@ -420,15 +431,15 @@ def logsumexp_backward(x, mask, scale, g):
     return _counted(mask, (g[:, None] * p) * F32(scale))
 
 
+def _counted_or_neg_zero(mask, v):
+    """select(mask, v, -0.0): the summand of a canonical sum over the entries that count."""
+    return v if mask is None else np.where(mask, v, NEG_ZERO)
+
+
 def log_softmax_backward(y, mask, scale, g):
     """From the forward's output y: dx_i = (g_i - exp(y_i) * G) * scale, G = canonical sum of g (spec 26.3)."""
     big_g = canonical_sum(_counted_or_neg_zero(mask, g))
     return _counted(mask, (g - exp(y) * big_g[:, None]) * F32(scale))
-
-
-def _counted_or_neg_zero(mask, v):
-    """select(mask, v, -0.0): the summand of a canonical sum over the entries that count."""
-    return v if mask is None else np.where(mask, v, NEG_ZERO)
 
 
 def softmax_backward(p, mask, scale, g):
@@ -465,13 +476,7 @@ def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
     """The forward's mean, d, 1/divisor and inv, then (spec 26.8):
     dx = ((g - gbar) - z * c) * inv (+ gbar when shift_mean is False), z = d * inv, c = (gd * rk) * inv,
     and c = +0.0 where eps_mode="clamp" holds the variance at eps (var < eps)."""
-    mean = masked_mean(x, mask)
-    d = x - mean[:, None]
-    ss = canonical_sum(np.where(mask, d * d, NEG_ZERO))
-    n = mask.sum(axis=1, dtype=np.int64)
-    rk = reciprocal(np.maximum(n - 1 if unbiased else n, 1).astype(F32))
-    var = ss * rk
-    inv = rsqrt(_floored(var, eps, eps_mode))
+    _, d, rk, var, inv = _whiten_stats(x, mask, unbiased, eps, eps_mode)
     g_bar = masked_mean(g, mask)
     gd = canonical_sum(np.where(mask, g * d, NEG_ZERO))
     z = d * inv[:, None]
@@ -536,12 +541,7 @@ def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_
 
     A token passes its slope d(loss1)/d(logp) = loss1 unless the clip, the dual clip or the log-ratio
     clamp holds its loss constant there."""
-    d0 = logp - old_logp
-    d = d0 if ratio_clamp is None else _nan_clamp(d0, -ratio_clamp, ratio_clamp)
-    ratio = exp(d)
-    neg_adv = -advantages
-    loss1 = neg_adv * ratio
-    loss2 = neg_adv * _nan_clamp(ratio, ratio_low, ratio_high)
+    d0, neg_adv, loss1, loss2 = _ppo_surrogates(logp, old_logp, advantages, ratio_low, ratio_high, ratio_clamp)
     passes = mask & ~(loss2 > loss1)
     if dual_clip is not None:
         passes &= ~((advantages < F32(0.0)) & (neg_adv * F32(dual_clip) < np.maximum(loss1, loss2)))
