@@ -143,8 +143,8 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
     """Per-token losses from kernels/ppo.cpp, then the spec 17.2 aggregation by the reduction kernels:
     token-mean is the masked mean of all B*T tokens as one row; the sequence modes reduce each row
     (masked sum or masked mean), then take the masked mean of the B values as one row, counting the
-    non-empty sequences only (e_b = n_b > 0); seq-mean-token-sum-norm then multiplies by reciprocal(T)
-    (kernels/ppo.cpp's ppo_token_sum_norm)."""
+    non-empty sequences only (e_b = n_b > 0); seq-mean-token-sum-norm then multiplies by reciprocal(T), as
+    masked_mean_backward's g * R(T) over a row of T counted entries."""
     args = (logp, old_logp, advantages, ratio_low, ratio_high, _unset_as_inf(dual_clip), _unset_as_inf(ratio_clamp))
     if _on_npu():
         loss, clipped = npu_ops.op("ppo_token_losses")(*args)
@@ -158,11 +158,8 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
         per_sequence = _masked_mean(loss, mask) if agg == "seq-mean-token-mean" else sum(loss, mask)
         total = _masked_mean(per_sequence.reshape(1, -1), non_empty)
         if agg == "seq-mean-token-sum-norm":
-            cols = mask.shape[1]
-            if _on_npu():
-                total = npu_ops.op("ppo_token_sum_norm")(total, cols)
-            else:
-                total = host_emulation.ppo_token_sum_norm(total, cols)
+            every_token = torch.ones((1, mask.shape[1]), dtype=torch.bool, device=mask.device)
+            total = masked_mean_backward(every_token, total.reshape(1))[:, 0]
     frac = _masked_mean(clipped.reshape(1, -1), flat_mask)
     return total.reshape(()), frac.reshape(())
 

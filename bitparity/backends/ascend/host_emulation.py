@@ -71,7 +71,6 @@ _SIGNATURES = {
     "bp_kl_penalty": [_U32, _P, _P, _P, _U32, _U32, _F32, _F32],     # blocks, logp, ref, out, n, kind, clamps
     "bp_gae": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32, _F32, _F32, _U32],
     "bp_ppo_token_losses": [_U32, _P, _P, _P, _P, _P, _U32, _F32, _F32, _F32, _F32],
-    "bp_ppo_token_sum_norm": [_U32, _P, _P, _U32],                       # blocks, total, out, cols
     "bp_philox": [_U32, _P, _P, _P, _U32],                               # blocks, counters, keys, out, n
     "bp_topk": [_U32, _P, _P, _P, _U32, _U32, _U32],                     # blocks, x, values, indices, rows, cols, k
     "bp_filter_logits": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32],      # blocks, x, scale, top_k, top_p, min_p, out,
@@ -242,14 +241,6 @@ def ppo_token_losses(logp, old_logp, advantages, ratio_low, ratio_high, dual_cli
                                        advantages.data_ptr(), loss.data_ptr(), clipped.data_ptr(), n, ratio_low,
                                        ratio_high, dual_clip, ratio_clamp))
     return loss, clipped
-
-
-def ppo_token_sum_norm(total, cols):
-    """f32 [1] -> f32 [1]: total * reciprocal(float(cols)), seq-mean-token-sum-norm's last step (spec 17.2)."""
-    lib = library()
-    out = torch.empty(1, dtype=torch.float32)
-    check(lib, lib.bp_ppo_token_sum_norm(1, total.contiguous().data_ptr(), out.data_ptr(), cols))
-    return out
 
 
 def philox(counters, keys, blocks=None):

@@ -29,7 +29,6 @@ void bitparity_gae(GM_ADDR rewards, GM_ADDR values, GM_ADDR mask, GM_ADDR bootst
                    GM_ADDR returns, uint32_t rows, uint32_t cols, float gamma, float gammaLambda, uint32_t zeroMode);
 void bitparity_ppo_token_losses(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR loss, GM_ADDR clipped,
                                 uint32_t n, float ratioLow, float ratioHigh, float dualClip, float ratioClamp);
-void bitparity_ppo_token_sum_norm(GM_ADDR total, GM_ADDR out, uint32_t cols);
 void bitparity_philox(GM_ADDR counters, GM_ADDR keys, GM_ADDR out, uint32_t n);
 void bitparity_topk(GM_ADDR x, GM_ADDR values, GM_ADDR indices, uint32_t rows, uint32_t cols, uint32_t k);
 void bitparity_filter_logits(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR topP, GM_ADDR minP, GM_ADDR out,
@@ -145,11 +144,6 @@ int bp_ppo_token_losses(uint32_t blocks, GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR 
         bitparity_ppo_token_losses(logp, oldLogp, advantages, loss, clipped, n, ratioLow, ratioHigh, dualClip,
                                    ratioClamp);
     });
-}
-
-int bp_ppo_token_sum_norm(uint32_t blocks, GM_ADDR total, GM_ADDR out, uint32_t cols)
-{
-    return bp_emulation::Launch(blocks, [&] { bitparity_ppo_token_sum_norm(total, out, cols); });
 }
 
 int bp_philox(uint32_t blocks, GM_ADDR counters, GM_ADDR keys, GM_ADDR out, uint32_t n)

@@ -19,10 +19,10 @@
 //
 // The aggregation (spec 17.2) is not here: the binding reduces loss and clipped
 // with the canonical masked mean and sum kernels (masked.cpp, reduce.cpp), the
-// sequence modes over the non-empty sequences only (e_b = n_b > 0, a mask).
-// Tiling as in elementwise.cpp.  seq-mean-token-sum-norm's last step is here
-// (ppo_token_sum_norm, KernelPpoNorm, one core): out = total * reciprocal(T), T
-// the row length as a float (exact: T <= 2^24).
+// sequence modes over the non-empty sequences only (e_b = n_b > 0, a mask), and
+// seq-mean-token-sum-norm's last step, total * reciprocal(T), is masked.cpp's
+// masked_mean_backward over a row of T counted entries (g * R(T)).
+// Tiling as in elementwise.cpp.
 //
 // Backward (spec 26.10): two launches.
 //   ppo_token_weights (KernelPpoWeights): w_b, the loss's derivative w.r.t. each
@@ -49,14 +49,35 @@
 // 2 x 4096 (VECOUT), d0, d, ratio, na, loss1, loss2, tmp, zeros 8 x 4096, work
 // 16384, maskHalf 2048, bits 128: 86,144 B.  KernelPpoWeights: mask 2 x 1024
 // (VECIN), count, term, ones, laneIndex 4 x 4096, maskHalf 2048, bits 128,
-// scalar lanes and work 2304, results 4096: 27,008 B.  KernelPpoNorm: scalar
-// lanes and work 2304, results 4096: 6,400 B.
+// scalar lanes and work 2304, results 4096: 27,008 B.
 
 #include "kernel_operator.h"
 #include "canonical.h"
 #include "tiling.h"
 
 namespace bitparity {
+
+// Spec 17.1's per-token terms in its order, which the loss (KernelPpoTokens) and its gradient (KernelPpoGrad)
+// both compute: d0 = logp - oldLogp; d = d0 clamped to [-ratioClamp, ratioClamp] (d and d0 may be one
+// tensor); ratio = exp(d); na = -advantages; loss1 = na * ratio; loss2 = na * ratio clamped to
+// [ratioLow, ratioHigh].
+__aicore__ inline void PpoSurrogates(const LocalTensor<float>& d0, const LocalTensor<float>& d,
+                                     const LocalTensor<float>& ratio, const LocalTensor<float>& na,
+                                     const LocalTensor<float>& loss1, const LocalTensor<float>& loss2,
+                                     const LocalTensor<float>& logp, const LocalTensor<float>& old,
+                                     const LocalTensor<float>& adv, float ratioLow, float ratioHigh,
+                                     float ratioClamp, const LocalTensor<float>& tmp,
+                                     const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits,
+                                     uint32_t lanes)
+{
+    AscendC::Sub(d0, logp, old, lanes);
+    NanClamp(d, d0, -ratioClamp, ratioClamp, tmp, bits, lanes);
+    CanonicalExp(ratio, d, work, bits, lanes);
+    AscendC::Muls(na, adv, -1.0f, lanes);
+    AscendC::Mul(loss1, na, ratio, lanes);
+    NanClamp(loss2, ratio, ratioLow, ratioHigh, tmp, bits, lanes);
+    AscendC::Mul(loss2, na, loss2, lanes);
+}
 
 class KernelPpoTokens {
 public:
@@ -131,15 +152,10 @@ private:
         LocalTensor<float> tmp = tmpBuf.Get<float>();
         LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
 
-        AscendC::Sub(d, logp, old, lanes);
+        PpoSurrogates(d, d, ratio, na, loss1, loss2, logp, old, adv, ratioLow, ratioHigh, ratioClamp, tmp,
+                      workBuf.Get<float>(), bits, lanes);
         logpQueue.FreeTensor(logp);
         oldQueue.FreeTensor(old);
-        NanClamp(d, d, -ratioClamp, ratioClamp, tmp, bits, lanes);
-        CanonicalExp(ratio, d, workBuf.Get<float>(), bits, lanes);
-        AscendC::Muls(na, adv, -1.0f, lanes);
-        AscendC::Mul(loss1, na, ratio, lanes);
-        NanClamp(loss2, ratio, ratioLow, ratioHigh, tmp, bits, lanes);
-        AscendC::Mul(loss2, na, loss2, lanes);
         // clipped = (loss2 > loss1 ? 1.0 : 0.0)
         AscendC::Compare(bits, loss2, loss1, AscendC::CMPMODE::GT, lanes);
         AscendC::Duplicate(clipped, 1.0f, lanes);
@@ -332,47 +348,6 @@ private:
     PpoAgg agg = PpoAgg::TOKEN_MEAN;
 };
 
-// seq-mean-token-sum-norm's last step (spec 17.2): out = total * reciprocal(T), on one core.
-class KernelPpoNorm {
-public:
-    __aicore__ inline KernelPpoNorm() {}
-
-    // total, out: f32[1]; cols: T, the row length.
-    __aicore__ inline void Init(GM_ADDR total, GM_ADDR out, uint32_t cols)
-    {
-        this->cols = cols;
-        share = ThisCoresShare(1);
-        totalGm.SetGlobalBuffer((__gm__ float*)total, 1);
-        pipe.InitBuffer(scalarInBuf, FLOATS_PER_REPEAT * sizeof(float));
-        pipe.InitBuffer(scalarOutBuf, FLOATS_PER_REPEAT * sizeof(float));
-        pipe.InitBuffer(scalarWorkBuf, 7 * FLOATS_PER_REPEAT * sizeof(float));
-        results.Init(&pipe, out, 1);
-    }
-
-    __aicore__ inline void Process()
-    {
-        if (share.begin == share.end) {
-            return;
-        }
-        const float total = totalGm.GetValue(0);
-        // exact: cols <= 2^24
-        const float norm = ReciprocalOfScalar(static_cast<float>(cols), scalarInBuf.Get<float>(),
-                                              scalarOutBuf.Get<float>(), scalarWorkBuf.Get<float>());
-        results.Put(0, total * norm);
-        results.Flush();
-    }
-
-private:
-    AscendC::TPipe pipe;
-    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarInBuf;
-    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarOutBuf;
-    AscendC::TBuf<AscendC::TPosition::VECCALC> scalarWorkBuf;
-    RowResults results;
-    AscendC::GlobalTensor<float> totalGm;
-    Range share;
-    uint32_t cols = 0;
-};
-
 // dlogp per token (spec 26.10).
 class KernelPpoGrad {
 public:
@@ -473,16 +448,10 @@ private:
         LocalTensor<float> tmp = tmpBuf.Get<float>();
         LocalTensor<uint8_t> bits = bitsBuf.Get<uint8_t>();
 
-        // The forward's per-token quantities, in its order (KernelPpoTokens::Compute).
-        AscendC::Sub(d0, logp, old, lanes);
+        PpoSurrogates(d0, d, ratio, na, loss1, loss2, logp, old, adv, ratioLow, ratioHigh, ratioClamp, tmp,
+                      workBuf.Get<float>(), bits, lanes);
         logpQueue.FreeTensor(logp);
         oldQueue.FreeTensor(old);
-        NanClamp(d, d0, -ratioClamp, ratioClamp, tmp, bits, lanes);
-        CanonicalExp(ratio, d, workBuf.Get<float>(), bits, lanes);
-        AscendC::Muls(na, adv, -1.0f, lanes);
-        AscendC::Mul(loss1, na, ratio, lanes);
-        NanClamp(loss2, ratio, ratioLow, ratioHigh, tmp, bits, lanes);
-        AscendC::Mul(loss2, na, loss2, lanes);
         // d loss1 / d logp = na * ratio = loss1, times the token weight.
         AscendC::Muls(out, loss1, w, lanes);
         AscendC::Compare(bits, loss2, loss1, AscendC::CMPMODE::GT, lanes);
@@ -557,13 +526,6 @@ extern "C" __global__ __aicore__ void bitparity_ppo_token_losses(GM_ADDR logp, G
 {
     bitparity::KernelPpoTokens op;
     op.Init(logp, oldLogp, advantages, loss, clipped, n, ratioLow, ratioHigh, dualClip, ratioClamp);
-    op.Process();
-}
-
-extern "C" __global__ __aicore__ void bitparity_ppo_token_sum_norm(GM_ADDR total, GM_ADDR out, uint32_t cols)
-{
-    bitparity::KernelPpoNorm op;
-    op.Init(total, out, cols);
     op.Process();
 }
 

@@ -563,21 +563,6 @@ at::Tensor KlPenaltyBackwardOp(const at::Tensor& logp, const at::Tensor& refLogp
     return out;
 }
 
-// seq-mean-token-sum-norm's last step (spec 17.2): total * reciprocal(T), T = cols, on one core.
-// total: the masked mean over the non-empty sequences, float32 [1] on the NPU.
-at::Tensor PpoTokenSumNormOp(const at::Tensor& total, int64_t cols)
-{
-    const c10::DeviceGuard guard(total.device());
-    TORCH_CHECK(total.device().type() == c10::DeviceType::PrivateUse1,
-                "bitparity (ascend): total must be an NPU tensor");
-    CheckShaped(total, total, {1}, "total");
-    TORCH_CHECK(cols >= 0 && cols <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): rows of at most ",
-                bitparity::MAX_ROW, " floats");
-    at::Tensor out = at::empty({1}, total.options());
-    BITPARITY_LAUNCH(bitparity_ppo_token_sum_norm, 1u, Gm(total), Gm(out), static_cast<uint32_t>(cols));
-    return out;
-}
-
 // Two launches on the stream, in order: the per-sequence token weights (one core for token-mean, which
 // counts the whole mask), then the per-token gradient w.r.t. logp.  g: the loss's gradient, float32 [1].
 at::Tensor PpoPolicyLossBackwardOp(const at::Tensor& logp, const at::Tensor& oldLogp, const at::Tensor& advantages,
@@ -623,7 +608,6 @@ TORCH_LIBRARY(bitparity_ascend, m)
           "bool zero_mode) -> (Tensor, Tensor)");
     m.def("ppo_token_losses(Tensor logp, Tensor old_logp, Tensor advantages, float ratio_low, float ratio_high, "
           "float dual_clip, float ratio_clamp) -> (Tensor, Tensor)");
-    m.def("ppo_token_sum_norm(Tensor total, int cols) -> Tensor");
     m.def("philox(Tensor counters, Tensor keys) -> Tensor");      // uint32 words held in int32 tensors
     m.def("topk(Tensor x, int k) -> (Tensor, Tensor)");
     m.def("filter_logits(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p) -> Tensor");
@@ -664,7 +648,6 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("kl_penalty", TORCH_FN(bitparity_npu::KlPenaltyOp));
     m.impl("gae", TORCH_FN(bitparity_npu::GaeOp));
     m.impl("ppo_token_losses", TORCH_FN(bitparity_npu::PpoTokenLossesOp));
-    m.impl("ppo_token_sum_norm", TORCH_FN(bitparity_npu::PpoTokenSumNormOp));
     m.impl("philox", TORCH_FN(bitparity_npu::PhiloxOp));
     m.impl("topk", TORCH_FN(bitparity_npu::TopkOp));
     m.impl("filter_logits", TORCH_FN(bitparity_npu::FilterLogitsOp));
