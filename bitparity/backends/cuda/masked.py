@@ -27,6 +27,28 @@ def floored(var, eps, CLAMP: tl.constexpr):
 
 
 @triton.jit
+def whiten_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, eps,
+                 UNBIASED: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr,
+                 GP: tl.constexpr):
+    # -> (r, mean, rk, var, inv), each [BLOCK_R], spec 15.3's statistics, which masked_whiten and its
+    # backward both use: r = R(n); mean = masked mean; ss = canonical sum of select(m, d * d, -0.0),
+    # d = x - mean; rk = reciprocal(max(n - 1, 1)) (unbiased) or reciprocal(max(n, 1)), the divisor an
+    # exact integer >= 1 before its one rounding; var = ss * rk; inv = rsqrt(floored(var, eps, CLAMP)).
+    total, count = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
+    r = count_reciprocal(count.to(tl.float32))
+    mean = total * r + 0.0
+    ss, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
+                           center=mean)
+    if UNBIASED:
+        divisor = tl.maximum(count - 1, 1)
+    else:
+        divisor = tl.maximum(count, 1)
+    rk = reciprocal(divisor.to(tl.float32))
+    var = ss * rk
+    return r, mean, rk, var, rsqrt(floored(var, eps, CLAMP))
+
+
+@triton.jit
 def masked_mean_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments,
                        HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask: [n_rows, n_cols]; out: [n_rows] = sum * R + 0.0.  One program: BLOCK_R rows.
@@ -39,22 +61,11 @@ def masked_mean_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments,
 def masked_whiten_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
                          SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr, CLAMP: tl.constexpr,
                          BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # x, mask, out: [n_rows, n_cols], each row whitened alone (ops passes one row):
-    #   mean = masked mean; ss = canonical sum of select(m, d * d, -0.0), d = x - mean;
-    #   var  = ss * reciprocal(max(n - 1, 1)) (unbiased) or ss * reciprocal(max(n, 1));
-    #   out  = select(m, d * rsqrt(floored(var, eps)) [+ mean when not SHIFT_MEAN], 0.0),
-    #   floored = var + eps, or max(var, eps) (NaN-propagating) when CLAMP (spec 15.3).
+    # x, mask, out: [n_rows, n_cols], each row whitened alone (ops passes one row), with
+    # whiten_stats' mean and inv: out = select(m, (x - mean) * inv [+ mean when not SHIFT_MEAN], 0.0).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    total, count = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
-    mean = total * count_reciprocal(count.to(tl.float32)) + 0.0        # [BLOCK_R]
-    ss, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
-                           center=mean)
-    if UNBIASED:
-        divisor = tl.maximum(count - 1, 1)
-    else:
-        divisor = tl.maximum(count, 1)
-    # The divisor is an exact integer >= 1 before its one rounding to float32.
-    inv = rsqrt(floored(ss * reciprocal(divisor.to(tl.float32)), eps, CLAMP))     # [BLOCK_R]
+    _, mean, _, _, inv = whiten_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, eps,
+                                      UNBIASED, CLAMP, BLOCK_R, W, GP)                # [BLOCK_R] each
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
         cols = start + lanes
@@ -95,25 +106,13 @@ def masked_mean_backward_kernel(mask_ptr, g_ptr, out_ptr, n_rows, n_cols,
 def masked_whiten_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, eps,
                                   SHIFT_MEAN: tl.constexpr, UNBIASED: tl.constexpr, CLAMP: tl.constexpr,
                                   BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # x, mask, g, out: [n_rows, n_cols] (spec 26.8), with the forward's
-    # mean, d = x - mean, rk = 1/divisor, var = ss * rk and inv = rsqrt(floored(var, eps, CLAMP)):
+    # x, mask, g, out: [n_rows, n_cols] (spec 26.8), with whiten_stats' r, mean, rk, var and inv:
     #   gbar = masked mean of g;  gd = canonical sum of select(m, g * d, -0.0)
     #   z    = d * inv;  c = (gd * rk) * inv, or +0.0 where CLAMP holds var at eps (var < eps)
     #   out  = select(m, ((g - gbar) - z * c) * inv [+ gbar when not SHIFT_MEAN], +0.0).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    # The forward's statistics, in masked_whiten_kernel's order.
-    total, count = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
-    r = count_reciprocal(count.to(tl.float32))                          # [BLOCK_R]
-    mean = total * r + 0.0
-    ss, _ = masked_row_sum(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP,
-                           center=mean)
-    if UNBIASED:
-        divisor = tl.maximum(count - 1, 1)
-    else:
-        divisor = tl.maximum(count, 1)
-    rk = reciprocal(divisor.to(tl.float32))
-    var = ss * rk                                                       # [BLOCK_R]
-    inv = rsqrt(floored(var, eps, CLAMP))
+    r, mean, rk, var, inv = whiten_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, eps,
+                                         UNBIASED, CLAMP, BLOCK_R, W, GP)            # [BLOCK_R] each
     # The gradient's two row sums: g's masked mean (the same count) and g . d.
     g_total, _ = masked_row_sum(g_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, True, BLOCK_R, W, GP)
     g_bar = (g_total * r + 0.0)[:, None]                                # [BLOCK_R, 1]
