@@ -16,6 +16,8 @@ def mismatch(train_logp, rollout_logp, mask, *, correction=None, backend=None):
     - frac_logp_differ: the fraction of tokens whose two log-probabilities differ (zero logdiff is 0.0);
     - frac_rejected (with correction, a dict of rollout_correction's keyword arguments): the fraction of
       tokens that correction would drop.
+
+    The metrics are logged numbers and carry no gradient, like ppo_policy_loss's clip fraction.
     """
     with torch.no_grad():
         ops._check_float_tensor("train_logp", train_logp, 2)

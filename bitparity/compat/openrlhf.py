@@ -41,7 +41,8 @@ def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
 class PolicyLoss(torch.nn.Module):
     """OpenRLHF's PPO policy loss: the log-ratio clamped to +-20, clip [1 - clip_eps_low, 1 + clip_eps_high], an
     optional dual clip (> 1) on negative advantages; the token mean (token_level_loss) or the mean over
-    non-empty sequences of each sequence's token mean. forward -> (loss, clip_ratio, ppo_kl, vllm_kl)."""
+    non-empty sequences of each sequence's token mean. forward -> (loss, clip_ratio, ppo_kl, vllm_kl); the loss
+    is differentiable in log_probs, the other three are metrics and carry no gradient."""
 
     def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True):
         super().__init__()

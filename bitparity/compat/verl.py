@@ -96,7 +96,8 @@ def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, clipr
                         cliprange_high=None, clip_ratio_c=3.0, loss_agg_mode="token-mean"):
     """verl's vanilla PPO loss -> (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower): the log-ratio clamped to
     +-20, clip [1 - cliprange_low, 1 + cliprange_high] (each defaulting to cliprange, then 0.2), dual clip
-    clip_ratio_c on negative advantages, aggregated by agg_loss's mode (local counts)."""
+    clip_ratio_c on negative advantages, aggregated by agg_loss's mode (local counts). pg_loss is differentiable
+    in log_prob; the other three are metrics and carry no gradient."""
     mask = check_mask("response_mask", response_mask)
     low = next(c for c in (cliprange_low, cliprange, 0.2) if c is not None)
     high = next(c for c in (cliprange_high, cliprange, 0.2) if c is not None)
