@@ -11,7 +11,6 @@ interpreter and `ascend` without an NPU in the host emulation, both on the
 CPU: their rows time those test doubles, not a GPU or an NPU.
 """
 
-import importlib
 import json
 
 import torch
@@ -21,7 +20,7 @@ from .. import ops
 from ..backends import availability, device_type
 from . import cases
 from .cli_common import Progress
-from .run import ELEMENTWISE_OPS, MODEL_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS
+from .run import ELEMENTWISE_OPS, MODEL_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS, interpreted
 from .timing import measure
 
 BENCH_BACKENDS = ("cpu", "cuda", "ascend")
@@ -122,17 +121,13 @@ def where(backend):
     if backend == "native":
         return "torch"
     dev = device_type(backend)
-    if backend == "cuda" and _triton_interpreted():
+    if interpreted(backend):
         # With TRITON_INTERPRET=1 on a GPU box the tensors live on the GPU but every launch is
         # interpreted on the host: the time is the interpreter's, whatever clock measured it.
         return "Triton interpreter (CPU)" if dev == "cpu" else "Triton interpreter (CPU, GPU tensors)"
     if backend == "ascend" and dev == "cpu":
         return "host emulation (CPU)"
     return {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}[dev]
-
-
-def _triton_interpreted():
-    return getattr(importlib.import_module("bitparity.backends.cuda"), "_INTERPRETED", False)
 
 
 def _row(op, shape, backend, device, t, nbytes, native_ms, copy_gbs):

@@ -35,6 +35,13 @@ def _grid(doc, key):
     return ops, names, values
 
 
+def _backend_labels(doc):
+    """The backends' names, each that ran a subset of the suite with how many of its cases."""
+    partial = {s["backend"] for s in doc["subsets"]}
+    return [f"{b}\n({sum(b in c['digests'] for c in doc['cases'])} of {len(doc['cases'])} cases)" if b in partial
+            else b for b in doc["backends"]]
+
+
 def agreement(doc, path):
     plt = pyplot()
     ops, names, exact = _grid(doc, "exact_percent")
@@ -44,7 +51,7 @@ def agreement(doc, path):
         ax.text(j, i, "-" if v != v else f"{v:.0f}" if v in (0, 100) else f"{v:.1f}",
                 ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(ops)), ops, rotation=40, ha="right")
-    ax.set_yticks(range(len(names)), names)
+    ax.set_yticks(range(len(names)), _backend_labels(doc))
     ax.set_xlabel("op")
     ax.set_ylabel("backend")
     ax.set_title(f"Agreement: % of elements whose bits equal the canonical result\n"
@@ -90,13 +97,21 @@ def ulp_histograms(doc, path):
 
 
 def cost(doc, path):
+    """Each backend's median time over native's, with whiskers from its first to its third quartile (over
+    the same native median): where the whiskers of two bars overlap, their order is within the noise."""
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter, NullFormatter
     ops, names, ratio = _grid(doc, "ratio_to_native")
+    _, _, median = _grid(doc, "median_ms")
+    _, _, q1 = _grid(doc, "q1_ms")
+    _, _, q3 = _grid(doc, "q3_ms")
+    timed = [k for k in range(len(names)) if not np.isnan(ratio[k]).all()]
     fig, ax = plt.subplots(figsize=(max(6.4, 1.5 + 0.8 * len(ops)), 4.8))
-    width = 0.8 / len(names)
-    for k, b in enumerate(names):
-        ax.bar(np.arange(len(ops)) + (k - (len(names) - 1) / 2) * width, ratio[k], width, label=b)
+    width = 0.8 / len(timed)
+    for slot, k in enumerate(timed):
+        whiskers = ratio[k] * np.stack([1 - q1[k] / median[k], q3[k] / median[k] - 1])
+        ax.bar(np.arange(len(ops)) + (slot - (len(timed) - 1) / 2) * width, ratio[k], width, yerr=whiskers,
+               capsize=1.5, error_kw={"linewidth": 0.8}, label=names[k])
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -105,9 +120,12 @@ def cost(doc, path):
     ax.set_xticks(range(len(ops)), ops, rotation=40, ha="right")
     ax.set_xlabel("op")
     ax.set_ylabel("median time / native time (log scale)")
-    accel = "" if doc["device"]["gpu"] or doc["device"]["npu"] else \
-        "\nno GPU or NPU: cuda = Triton interpreter, ascend = host emulation"
-    ax.set_title(f"Cost: median time relative to torch on the same device (1 = native){accel}", fontsize=10)
+    untimed = [names[k] for k in range(len(names)) if k not in timed]
+    notes = ([] if doc["device"]["npu"] or "ascend" not in names else ["ascend = host emulation"]) + \
+        ([f"not timed: {', '.join(untimed)}"] if untimed else [])
+    ax.set_title("Cost: median time relative to torch on the same device (1 = native), whiskers: quartiles" +
+                 (f"\n{'; '.join(notes)}" if notes else "") +
+                 ("\nWARNING: the machine was busy, times unreliable" if doc["warnings"] else ""), fontsize=10)
     ax.legend(title="backend", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)

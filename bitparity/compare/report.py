@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+from collections import Counter
 
 import numpy as np
 import torch
@@ -16,11 +17,12 @@ from tabulate import tabulate
 from ..backends import backends
 from ..spec import SPEC_VERSION
 from . import cases
-from .run import LOG_SPACE, ULP_BIN_LABELS
+from .run import LOG_SPACE, TIMING, ULP_BIN_LABELS
 
 SCHEMA = "bitparity-run"
-SCHEMA_VERSION = 1
-HEADERS = ("op", "backend", "exact %", "max ulp vs f64", "logdiff", "median ms", "x native")
+SCHEMA_VERSION = 2
+HEADERS = ("op", "backend", "cases", "exact %", "max ulp vs f64", "logdiff", "median ms", "IQR %", "runs",
+           "x native")
 
 
 # -- numbers: the document is strict JSON, so inf is the string "inf" and NaN (not measured) is null --
@@ -106,6 +108,14 @@ def machine():
 
 # -- the document ------------------------------------------------------------------------
 
+def _timing(t):
+    """A result's timing fields; runs 0 and nulls when it was not timed."""
+    if t is None:
+        return {"runs": 0, "clock": None, **{k: None for k in ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms")}}
+    return {"runs": t.runs, "clock": t.clock, "median_ms": _num(t.median_ms), "q1_ms": _num(t.q1_ms),
+            "q3_ms": _num(t.q3_ms), "min_ms": _num(t.min_ms), "max_ms": _num(t.max_ms)}
+
+
 def document(run, command=None):
     """The self-describing JSON document of a compare.Run (docs/report-schema.md)."""
     return {
@@ -116,12 +126,16 @@ def document(run, command=None):
         "packages": packages(), "machine": machine(), "device": device(),
         "backend_info": backends(),
         "backends": list(run.backends),
+        "skipped": [{"name": b, "reason": why} for b, why in run.skipped.items()],
+        "subsets": [{"backend": b, "rule": rule} for b, rule in run.subsets.items()],
+        "timing": dict(TIMING),
+        "warnings": list(run.warnings),
         "ulp_bins": list(ULP_BIN_LABELS),
         "cases": run.cases,
-        "results": [{"op": r.op, "backend": r.backend, "elements": r.elements, "identical": r.identical,
-                     "exact_percent": _num(r.exact_percent), "max_ulp": _num(r.max_ulp),
+        "results": [{"op": r.op, "backend": r.backend, "cases": r.cases, "elements": r.elements,
+                     "identical": r.identical, "exact_percent": _num(r.exact_percent), "max_ulp": _num(r.max_ulp),
                      "logdiff": _num(r.logdiff) if r.op in LOG_SPACE else None,
-                     "median_ms": _num(r.median_ms), "ratio_to_native": _num(r.ratio_to_native),
+                     **_timing(r.timing), "ratio_to_native": _num(r.ratio_to_native),
                      "ulp_histogram": [int(c) for c in r.ulp_counts]} for r in run.results],
     }
 
@@ -132,14 +146,37 @@ def to_json(doc):
 
 # -- renderings ---------------------------------------------------------------------------
 
+def _iqr_percent(r):
+    """A result's interquartile range over its median, in percent; NaN where it was not timed."""
+    return 100.0 * (_value(r["q3_ms"]) - _value(r["q1_ms"])) / _value(r["median_ms"])
+
+
 def _rows(doc):
-    return [(r["op"], r["backend"], _fmt(r["exact_percent"], ".2f"), _fmt(r["max_ulp"], ".3g"),
+    total = Counter(case["op"] for case in doc["cases"])
+    subset = {s["backend"] for s in doc["subsets"]}
+    return [(r["op"], r["backend"], f"{r['cases']}/{total[r['op']]}" if r["backend"] in subset else r["cases"],
+             _fmt(r["exact_percent"], ".2f"), _fmt(r["max_ulp"], ".3g"),
              _fmt(r["logdiff"], ".3g") if r["op"] in LOG_SPACE else "", _fmt(r["median_ms"], ".3g"),
-             _fmt(r["ratio_to_native"], ".3g")) for r in doc["results"]]
+             _fmt(_iqr_percent(r), ".0f"), r["runs"] or "-", _fmt(r["ratio_to_native"], ".3g"))
+            for r in doc["results"]]
+
+
+def notes(doc):
+    """The lines under the results table: backends skipped and why, backends that ran a subset of the suite,
+    how the times were taken, and the run's warnings."""
+    ran = Counter(b for case in doc["cases"] for b in case["digests"])
+    t = doc["timing"]
+    return ([f"- skipped {s['name']}: {s['reason']}" for s in doc["skipped"]] +
+            [f"- {s['backend']} ran {ran[s['backend']]} of {len(doc['cases'])} cases: {s['rule']}"
+             for s in doc["subsets"]] +
+            [f"- times: each op on its timing case, per backend {t['warmup']} warm-up call, then runs until "
+             f"{t['budget_s']:g} s of them and at least {t['min_runs']} (at most {t['repeats']}), the backends' runs "
+             f"interleaved; median ms is their median, IQR % their interquartile range over it"] +
+            [f"- WARNING: {w}" for w in doc["warnings"]])
 
 
 def table(doc):
-    return tabulate(_rows(doc), headers=HEADERS, tablefmt="github")
+    return tabulate(_rows(doc), headers=HEADERS, tablefmt="github") + "\n\n" + "\n".join(notes(doc))
 
 
 def backends_table(rows=None):
@@ -175,13 +212,14 @@ def markdown(doc, plots=None):
              "## Agreement, accuracy and cost", "",
              "`exact %`: share of result elements whose bits equal the canonical (`numpy`) result. "
              "`max ulp vs f64`: worst error against the float64 meaning in the op's measure (spec section 10). "
-             "`logdiff`: largest |Δ log-prob| against the canonical result. `x native`: median time over torch's "
-             "own op on the same device; `cuda` and `ascend` times on a machine without GPU or NPU are the "
-             "Triton interpreter and the host emulation, which say nothing about GPU or NPU speed.", "",
+             "`logdiff`: largest |Δ log-prob| against the canonical result. `cases`: the cases the backend ran "
+             "(of the op's, where it ran a subset). `x native`: median time over torch's own op on the same device; "
+             "`ascend` times on a machine without an NPU are the host emulation, and say nothing about NPU speed.",
+             "",
              table(doc), ""]
     captions = {"agreement": "Agreement: exact % per backend and op",
                 "ulp": "Errors against float64, in ulps, per op and backend",
-                "cost": "Cost: median time relative to torch on the same device"}
+                "cost": "Cost: median time relative to torch on the same device, with its interquartile range"}
     for kind, caption in captions.items():
         if kind in plots:
             lines += [f"### {caption}", "", f"![{caption}]({plots[kind]})", ""]

@@ -5,11 +5,19 @@ For each op x backend it reports:
 - max ulp: the worst error against the float64 meaning, in the op's ulp measure (docs/spec.md, section 10),
   and a histogram of those errors;
 - logdiff: max |logp - logp_canonical| for ops in log space, the train/inference quantity;
-- time: median wall time of the op on the op's timing case, and its ratio to `native` on the same device.
-For each case it records every backend's output digest (golden.digest), the unit `bitparity diff` compares.
+- time: median and spread of the op's time on the op's timing case, and the median's ratio to `native` on the
+  same device; the backends' runs interleave (timing.measure_interleaved), so a change of load hits them alike.
+For each case it records the output digest (golden.digest) of every backend that ran it, the unit `bitparity diff`
+compares.  The `cuda` backend in the Triton interpreter (no GPU) runs a stated subset, INTERPRETER_RULE, and is not
+timed: the interpreter costs a second or more per vocabulary-sized row, and its time says nothing about a GPU.
 """
 
+import importlib
+import math
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -20,11 +28,23 @@ from ..reference import float64
 from . import cases, golden, metrics
 from .cases import ELEMENTWISE_OPS, MODEL_OPS, RL_OPS, SAMPLING_OPS, SOFTMAX_OPS
 from .cli_common import Progress
-from .timing import measure
+from .timing import Timing, busy, measure_interleaved
 
 OPS = SOFTMAX_OPS + ELEMENTWISE_OPS + RL_OPS + SAMPLING_OPS + MODEL_OPS
 LOG_SPACE = ("logsumexp", "log_softmax", "token_logprobs")
 DEFAULT_BACKENDS = ("numpy", "cpu", "cuda", "ascend", "native")
+
+# The Triton interpreter's share of the suite: every row kind and adversarial input at one segment (spec 3), none
+# of the vocabulary-sized rows, which cost it seconds each (tests/backends/test_bit_identity.py runs those on it);
+# of the filtering ops, about a second a case there, one in three (their cases cycle through five filter settings
+# within each row kind, so every setting and every kind stays).
+INTERPRETER_MAX_ELEMENTS = 8192
+INTERPRETER_THINNED, INTERPRETER_STRIDE = ("filter_logits", "sample"), 3
+INTERPRETER_RULE = (f"Triton interpreter: the cases whose largest input holds at most {INTERPRETER_MAX_ELEMENTS} "
+                    f"elements, of {' and '.join(INTERPRETER_THINNED)} one in {INTERPRETER_STRIDE}; not timed")
+# Per op and backend: one warm-up call, then runs until 0.1 s of them and at least 3 (at most 100): a hundred runs
+# of a 1 ms call, five of a 20 ms one, three of the host emulation's sample (0.6 s); about 20 CPU-seconds in all.
+TIMING = {"warmup": 1, "min_runs": 3, "repeats": 100, "budget_s": 0.1}
 
 # Upper edges of the ulp-error histogram bins after the exact-zero bin; then (1024, inf) and inf.
 ULP_EDGES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 1024.0)
@@ -36,17 +56,22 @@ ULP_BIN_LABELS = ("0", "<=1/8", "<=1/4", "<=1/2", "<=1", "<=2", "<=4", "<=8", "<
 class Result:
     op: str
     backend: str
+    cases: int = 0
     elements: int = 0
     identical: int = 0
     max_ulp: float = 0.0
     logdiff: float = 0.0
-    median_ms: float = float("nan")
+    timing: Timing = None               # None: not timed
     ratio_to_native: float = float("nan")
     ulp_counts: np.ndarray = field(default_factory=lambda: np.zeros(len(ULP_BIN_LABELS), dtype=np.int64))
 
     @property
     def exact_percent(self):
         return 100.0 * self.identical / self.elements if self.elements else float("nan")
+
+    @property
+    def median_ms(self):
+        return self.timing.median_ms if self.timing else float("nan")
 
 
 @dataclass
@@ -56,6 +81,9 @@ class Run:
     backends: list      # names, numpy first
     results: list       # Result per (op, backend), op by op
     cases: list         # {"name", "op", "shapes", "digests": {backend: hex}} per case, in suite order
+    skipped: dict       # backend asked for but not available here -> why (backends.availability)
+    subsets: dict       # backend that ran part of the suite -> the rule it followed
+    warnings: list      # what makes the run's numbers doubtful (a busy machine), as sentences
 
 
 def ulp_histogram(err):
@@ -69,12 +97,6 @@ def ulp_histogram(err):
 def _flat64(out):
     parts = out if isinstance(out, tuple) else (out,)
     return np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in parts])
-
-
-def _flat_tensor(out):
-    """An op's outputs as one float32 vector; token ids and indices (< 2**24) convert exactly."""
-    parts = out if isinstance(out, tuple) else (out,)
-    return torch.cat([p.detach().cpu().reshape(-1) for p in parts])
 
 
 def _finite_scale(w):
@@ -178,64 +200,103 @@ def reference(op, args, kwargs):
 
 # -- running ----------------------------------------------------------------------
 
-def _time(fn, budget_s=0.5, max_runs=7, device="cpu"):
-    """Median ms of fn on device (timing.measure: device events on a GPU or NPU, perf_counter on the CPU)."""
-    return measure(fn, device, warmup=1, repeats=max_runs, budget_s=budget_s, min_runs=1).median_ms
+def interpreted(backend):
+    """True for an available `cuda` backend whose kernels the Triton interpreter runs (TRITON_INTERPRET=1)."""
+    return backend == "cuda" and getattr(importlib.import_module("bitparity.backends.cuda"), "_INTERPRETED", False)
+
+
+def interpreter_subset(suite):
+    """The names of the suite's cases the Triton interpreter runs (INTERPRETER_RULE)."""
+    small = [c for c in suite if max(math.prod(shape) for shape in c.shapes.values()) <= INTERPRETER_MAX_ELEMENTS]
+    position = Counter()                    # of the case among its op's small cases
+    names = set()
+    for case in small:
+        if case.op not in INTERPRETER_THINNED or position[case.op] % INTERPRETER_STRIDE == 0:
+            names.add(case.name)
+        position[case.op] += 1
+    return names
+
+
+def _flat32(out):
+    """An op's outputs as one float32 array; token ids and indices (< 2**24) convert exactly."""
+    parts = out if isinstance(out, tuple) else (out,)
+    return np.concatenate([p.detach().cpu().numpy().astype(np.float32).reshape(-1) for p in parts])
 
 
 def _measure(r, got, canonical, ref, floor):
-    r.elements += got.numel()
-    r.identical += int((metrics.canonical_bits(got) == metrics.canonical_bits(canonical)).sum())
+    r.cases += 1
+    r.elements += got.size
+    r.identical += metrics.identical(got, canonical)
     if ref is None:
         r.max_ulp = float("nan")
     else:
-        err = metrics.ulp_error(got.double().numpy(), ref, floor)
+        err = metrics.ulp_error(got, ref, floor)
         r.max_ulp = max(r.max_ulp, metrics.max_or_zero(err))
         r.ulp_counts += ulp_histogram(err)
     if r.op in LOG_SPACE:
         r.logdiff = max(r.logdiff, metrics.logdiff(got, canonical))
 
 
-def _time_op(op, names, tier, seed, per_backend):
-    timing = cases.timing_case(op, tier, seed)
-    inputs = timing.inputs()
-    native_ms = {}
-    for b in names:
-        dev = cases.backend_device(b)
-        if dev not in native_ms:                 # native on the same device is the yardstick
-            native_inputs = cases.to_device(inputs, dev)
-            native_ms[dev] = _time(lambda: getattr(ops, op)(*native_inputs[0], **native_inputs[1], backend="native"),
-                                   device=dev)
-        per_backend[b].median_ms = (native_ms[dev] if b == "native"
-                                    else _time(lambda: timing.run(b, inputs), device=dev))
-        per_backend[b].ratio_to_native = per_backend[b].median_ms / native_ms[dev]
+def _time_op(op, inputs, names, results):
+    """Time op on names' backends and on native, the yardstick, on each of their devices (runs interleaved
+    per device); set each Result's timing and ratio to native on its device."""
+    for dev in dict.fromkeys(cases.backend_device(b) for b in names):
+        args, kwargs = cases.to_device(inputs, dev)
+        group = [b for b in names if b != "native" and cases.backend_device(b) == dev]
+        calls = {b: partial(getattr(ops, op), *args, **kwargs, backend=b) for b in ("native", *group)}
+        timings = measure_interleaved(calls, dev, **TIMING)
+        if "native" in names and cases.backend_device("native") == dev:
+            group.append("native")
+        for b in group:
+            results[b].timing = timings[b]
+            results[b].ratio_to_native = timings[b].median_ms / timings["native"].median_ms
 
 
 def compare(backends=None, ops_=OPS, tier="quick", seed=0, progress=True):
     """Run the tier's cases of ops_ on the backends available here (numpy always): a Run.
 
-    Cases are built, run and measured one at a time, so memory holds one case's tensors."""
-    names = [b for b in (backends or DEFAULT_BACKENDS) if availability(b)[0]]
+    Cases are built, run and measured one at a time, so memory holds one case's tensors; then each op is timed.
+    progress: progress bars for the backends' set-up and both passes, and the busy-machine warning, on stderr."""
+    asked = backends or DEFAULT_BACKENDS
+    status = {}
+    with Progress(len(asked), f"compare {tier}: backends", enabled=progress) as bar:
+        for b in asked:                     # the first use of a compiled backend builds it
+            status[b] = availability(b)
+            bar.step(b)
+    names = [b for b in asked if status[b][0]]
     if "numpy" not in names:
         names.insert(0, "numpy")
+    subsets = {b: INTERPRETER_RULE for b in names if interpreted(b)}
     per_backend = {(op, b): Result(op, b) for op in ops_ for b in names}
     records = []
     suite = cases.suite(tier, ops_, seed)
-    with Progress(len(suite), f"compare {tier}", enabled=progress) as bar:
+    interpreted_cases = interpreter_subset(suite)
+    with Progress(len(suite), f"compare {tier}: agreement", enabled=progress) as bar:
         for case in suite:
             inputs = case.inputs()
             with np.errstate(all="ignore"):         # adversarial cases overflow in float64 on purpose
                 ref, floor = reference(case.op, *inputs)
             canonical_out = case.run("numpy", inputs)
-            canonical = _flat_tensor(canonical_out)
-            digests = {"numpy": golden.digest(canonical_out)}
+            canonical = _flat32(canonical_out)
+            digests = {}
             for b in names:
+                if b in subsets and case.name not in interpreted_cases:
+                    continue
                 out = canonical_out if b == "numpy" else case.run(b, inputs)
                 digests[b] = golden.digest(out)
                 with np.errstate(all="ignore"):
-                    _measure(per_backend[(case.op, b)], _flat_tensor(out), canonical, ref, floor)
+                    _measure(per_backend[(case.op, b)], _flat32(out), canonical, ref, floor)
             records.append({"name": case.name, "op": case.op, "shapes": case.shapes, "digests": digests})
             bar.step(case.name)
-    for op in ops_:
-        _time_op(op, names, tier, seed, {b: per_backend[(op, b)] for b in names})
-    return Run(tier, seed, names, list(per_backend.values()), records)
+    timed = [b for b in names if b not in subsets]
+    with Progress(len(ops_), f"compare {tier}: timing", enabled=progress) as bar:
+        for op in ops_:
+            _time_op(op, cases.timing_case(op, tier, seed).inputs(), timed,
+                     {b: per_backend[(op, b)] for b in timed})
+            bar.step(op)
+    warning = busy([r.timing for r in per_backend.values() if r.timing])
+    if warning and progress:
+        print(f"bitparity compare: warning: {warning}", file=sys.stderr)
+    return Run(tier, seed, names, list(per_backend.values()), records,
+               skipped={b: why for b, (ok, why) in status.items() if not ok}, subsets=subsets,
+               warnings=[warning] if warning else [])

@@ -1,4 +1,4 @@
-"""A validator for the run document of docs/report-schema.md (schema_version 1).
+"""A validator for the run document of docs/report-schema.md (schema_version 2).
 
 `validate(doc)` raises ValueError listing every problem it finds; `bitparity diff` runs it on
 both inputs, so a truncated or foreign file is refused before anything is compared.
@@ -13,10 +13,13 @@ HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STR_OR_NULL = (str, type(None))
 TOP = {"schema": str, "schema_version": int, "created": str, "command": _STR_OR_NULL, "spec_version": str,
        "suite_version": str, "tier": str, "seed": int, "packages": dict, "machine": dict, "device": dict,
-       "backend_info": list, "backends": list, "ulp_bins": list, "cases": list, "results": list}
+       "backend_info": list, "backends": list, "skipped": list, "subsets": list, "timing": dict, "warnings": list,
+       "ulp_bins": list, "cases": list, "results": list}
 DEVICE = {k: _STR_OR_NULL for k in ("cpu", "gpu", "npu", "cuda_runtime", "cuda_driver", "cann")}
 PACKAGES = ("bitparity", "torch", "numpy", "triton", "torch_npu")
-RESULT_NUMBERS = ("exact_percent", "max_ulp", "logdiff", "median_ms", "ratio_to_native")
+RESULT_NUMBERS = ("exact_percent", "max_ulp", "logdiff", "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms",
+                  "ratio_to_native")
+TIMING = {"warmup": int, "min_runs": int, "repeats": int, "budget_s": (int, float)}
 
 
 def _number(v):
@@ -36,7 +39,12 @@ def _fields(where, obj, spec, problems):
     return True
 
 
-def _case(i, case, names, problems):
+def _list(doc, key):
+    """doc[key] if it is a list (a wrong type is reported by TOP's check), else []."""
+    return doc[key] if isinstance(doc.get(key), list) else []
+
+
+def _case(i, case, names, partial, problems):
     where = f"cases[{i}]"
     if not _fields(where, case, {"name": str, "op": str, "shapes": dict, "digests": dict}, problems):
         return
@@ -45,15 +53,18 @@ def _case(i, case, names, problems):
             problems.append(f"{where}.shapes.{key}: expected a list of positive ints")
     digests = case.get("digests", {})
     if isinstance(digests, dict):
-        if set(digests) != set(names):
-            problems.append(f"{where}.digests: backends {sorted(digests)} differ from the run's {sorted(names)}")
+        # A backend that ran a subset of the suite (doc["subsets"]) has digests of its cases only.
+        if not set(names) - set(partial) <= set(digests) <= set(names):
+            problems.append(f"{where}.digests: backends {sorted(digests)} are not the run's {sorted(names)} "
+                            f"(less those that ran a subset, {sorted(partial)})")
         problems.extend(f"{where}.digests.{b}: not a hex SHA-256" for b, d in digests.items()
                         if not (isinstance(d, str) and HEX64.match(d)))
 
 
 def _result(i, r, names, bins, problems):
     where = f"results[{i}]"
-    spec = {"op": str, "backend": str, "elements": int, "identical": int, "ulp_histogram": list}
+    spec = {"op": str, "backend": str, "cases": int, "elements": int, "identical": int, "runs": int,
+            "clock": _STR_OR_NULL, "ulp_histogram": list}
     if not _fields(where, r, spec, problems):
         return
     problems.extend(f"{where}.{k}: expected a number, \"inf\" or null" for k in RESULT_NUMBERS
@@ -79,14 +90,22 @@ def validate(doc):
         _fields("device", doc["device"], DEVICE, problems)
     if isinstance(doc.get("packages"), dict):
         _fields("packages", doc["packages"], {k: _STR_OR_NULL for k in PACKAGES}, problems)
-    names = doc.get("backends") if isinstance(doc.get("backends"), list) else []
-    bins = doc.get("ulp_bins") if isinstance(doc.get("ulp_bins"), list) else []
-    for i, case in enumerate(doc.get("cases") or []):
-        _case(i, case, names, problems)
-    seen = [c.get("name") for c in doc.get("cases") or [] if isinstance(c, dict)]
+    if isinstance(doc.get("timing"), dict):
+        _fields("timing", doc["timing"], TIMING, problems)
+    for i, s in enumerate(_list(doc, "skipped")):
+        _fields(f"skipped[{i}]", s, {"name": str, "reason": str}, problems)
+    for i, s in enumerate(_list(doc, "subsets")):
+        _fields(f"subsets[{i}]", s, {"backend": str, "rule": str}, problems)
+    problems.extend(f"warnings[{i}]: expected a string" for i, w in enumerate(_list(doc, "warnings"))
+                    if not isinstance(w, str))
+    names, bins = _list(doc, "backends"), _list(doc, "ulp_bins")
+    partial = [s.get("backend") for s in _list(doc, "subsets") if isinstance(s, dict)]
+    for i, case in enumerate(_list(doc, "cases")):
+        _case(i, case, names, partial, problems)
+    seen = [c.get("name") for c in _list(doc, "cases") if isinstance(c, dict)]
     if len(seen) != len(set(seen)):
         problems.append("cases: names are not unique")
-    for i, r in enumerate(doc.get("results") or []):
+    for i, r in enumerate(_list(doc, "results")):
         _result(i, r, names, bins, problems)
     if problems:
         raise ValueError("not a bitparity run document: " + "; ".join(problems))

@@ -4,6 +4,7 @@ Times themselves are not asserted (speed is measured in benchmarks, never in tim
 what is asserted is the structure a reader relies on."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -65,6 +66,26 @@ def test_measure_runs_warmup_then_repeats_and_stops_on_budget():
     calls.clear()
     t = timing.measure(lambda: calls.append(1), "cpu", warmup=0, repeats=100, budget_s=0.0, min_runs=3)
     assert len(calls) == 3 and t.runs == 3
+
+
+def test_measure_interleaved_alternates_the_calls_and_budgets_each_alone():
+    calls = []
+    timings = timing.measure_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                         warmup=1, repeats=3)
+    assert calls == ["a", "b"] * 4 and {t.runs for t in timings.values()} == {3}
+    # A slow call stops once its own runs pass the budget; the fast one's runs do not count against it.
+    timings = timing.measure_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None},
+                                         warmup=0, repeats=50, budget_s=0.05, min_runs=1)
+    assert 1 <= timings["slow"].runs < 50 == timings["fast"].runs
+
+
+def test_busy_reads_the_median_spread():
+    def spread(s):
+        return timing.Timing(1.0, 1.0 - s / 2, 1.0 + s / 2, 0.5, 2.0, 9, "perf_counter")
+    calm = [spread(0.02)] * 3 + [spread(0.5)] * 2          # two noisy timings do not make a busy machine
+    assert timing.busy(calm) is None and timing.busy([]) is None
+    warning = timing.busy([spread(0.02)] * 2 + [spread(0.3)] * 3)
+    assert warning.startswith("the machine looks busy") and "is 30%" in warning and "3 of 5" in warning
 
 
 def test_bench_rejects_bad_arguments(capsys):

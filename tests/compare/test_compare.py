@@ -1,10 +1,13 @@
 """The comparison layer: what `bitparity compare` reports, and the CLI around it."""
 
 import json
+import math
 
 import pytest
+import torch
 
 from bitparity import SPEC_VERSION, cli
+from bitparity.compare import cases, report, run, timing
 from bitparity.compare.run import compare
 from tests.reference.test_canonical import ACCURACY_BOUNDS
 
@@ -32,6 +35,58 @@ def test_native_is_measured_against_the_same_cases(results):
     # logdiff says by how much; a fully masked row (NaN in torch, -inf here) counts as infinite.
     assert results[("log_softmax", "native")].exact_percent < 100.0
     assert results[("log_softmax", "native")].logdiff > 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: cuda compiles its kernels and runs every case")
+def test_the_interpreter_runs_its_stated_subset_untimed():
+    result = compare(backends=("numpy", "cuda"), ops_=("exp", "silu_mul"), progress=False)
+    assert result.subsets == {"cuda": run.INTERPRETER_RULE}
+    small = {c.name for c in cases.suite("quick", ["exp", "silu_mul"])
+             if max(math.prod(s) for s in c.shapes.values()) <= run.INTERPRETER_MAX_ELEMENTS}
+    assert 0 < len(small) < len(result.cases)
+    assert {c["name"] for c in result.cases if "cuda" in c["digests"]} == small
+    assert all(c["digests"]["cuda"] == c["digests"]["numpy"] for c in result.cases if "cuda" in c["digests"])
+    by = {(r.op, r.backend): r for r in result.results}
+    assert sum(by[(op, "cuda")].cases for op in ("exp", "silu_mul")) == len(small)
+    for op in ("exp", "silu_mul"):
+        assert by[(op, "cuda")].timing is None and by[(op, "numpy")].timing.runs >= run.TIMING["min_runs"]
+    assert f"- cuda ran {len(small)} of {len(result.cases)} cases: Triton interpreter" in report.table(
+        report.document(result))
+
+
+def test_the_interpreter_subset_keeps_every_kind_and_filter_setting_of_the_small_cases():
+    suite = cases.suite("quick")
+    small = [c for c in suite if max(math.prod(s) for s in c.shapes.values()) <= run.INTERPRETER_MAX_ELEMENTS]
+    picked = run.interpreter_subset(suite)
+    assert picked <= {c.name for c in small}
+    assert {c.op for c in suite} == {c.op for c in small if c.name in picked}       # every op keeps cases
+    assert all(c.name in picked for c in small if c.op not in run.INTERPRETER_THINNED)
+    for op in run.INTERPRETER_THINNED:          # names are op/setting/kind/shape
+        settings_kinds = [c.name.split("/")[1:3] for c in small if c.op == op]
+        kept = [c.name.split("/")[1:3] for c in small if c.op == op and c.name in picked]
+        assert len(kept) < len(settings_kinds)
+        for i in (0, 1):
+            assert {sk[i] for sk in kept} == {sk[i] for sk in settings_kinds}, op
+
+
+def test_an_unavailable_backend_is_skipped_and_the_report_says_why(monkeypatch):
+    monkeypatch.setattr(run, "availability", lambda b: (False, "cannot be imported: no triton") if b == "cuda"
+                        else (True, "here"))
+    result = compare(backends=("numpy", "cuda", "native"), ops_=("exp",), progress=False)
+    assert result.backends == ["numpy", "native"] and result.skipped == {"cuda": "cannot be imported: no triton"}
+    doc = report.document(result)
+    assert doc["skipped"] == [{"name": "cuda", "reason": "cannot be imported: no triton"}]
+    assert "- skipped cuda: cannot be imported: no triton" in report.table(doc)
+
+
+def test_a_busy_machine_is_warned_of_on_stderr_and_in_the_report(monkeypatch, capsys):
+    monkeypatch.setattr(timing, "NOISY_SPREAD", -1.0)       # every spread exceeds it: the run reads as busy
+    result = compare(backends=("numpy", "native"), ops_=("exp",))
+    err = capsys.readouterr().err
+    assert "compare quick: agreement [" in err and "compare quick: timing [" in err
+    assert len(result.warnings) == 1 and result.warnings[0].startswith("the machine looks busy")
+    assert f"bitparity compare: warning: {result.warnings[0]}" in err
+    assert f"- WARNING: {result.warnings[0]}" in report.table(report.document(result))
 
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):

@@ -10,6 +10,7 @@ import pytest
 
 from bitparity import SPEC_VERSION, cli
 from bitparity.compare import cases, golden, report, schema
+from bitparity.compare.run import TIMING
 
 BACKENDS = ("numpy", "cpu", "ascend", "native")
 OPS = ("log_softmax", "masked_whiten")
@@ -35,7 +36,25 @@ def test_run_document_is_valid_and_self_describing(run):
     assert doc["spec_version"] == SPEC_VERSION and doc["suite_version"] == cases.SUITE_VERSION
     assert doc["backends"] == list(BACKENDS) and doc["packages"]["torch"] and doc["device"]["gpu"] is None
     assert [c["name"] for c in doc["cases"]] == [c.name for c in cases.suite("quick", list(OPS))]
-    assert "compare quick [" in run["err"]
+    assert doc["skipped"] == [] and doc["subsets"] == [] and doc["timing"] == TIMING
+    assert "compare quick: agreement [" in run["err"] and "compare quick: timing [" in run["err"]
+
+
+def test_every_result_carries_its_timing_and_spread(run):
+    results = run["doc"]["results"]
+    native = {r["op"]: r for r in results if r["backend"] == "native"}
+    for r in results:
+        assert r["cases"] == sum(c["op"] == r["op"] for c in run["doc"]["cases"])
+        assert TIMING["min_runs"] <= r["runs"] <= TIMING["repeats"] and r["clock"] == "perf_counter"
+        assert 0 < r["min_ms"] <= r["q1_ms"] <= r["median_ms"] <= r["q3_ms"] <= r["max_ms"]
+        assert r["ratio_to_native"] == pytest.approx(r["median_ms"] / native[r["op"]]["median_ms"])
+    r = next(r for r in results if r["op"] == "masked_whiten" and r["backend"] == "ascend")
+    cells = {tuple(c.strip() for c in line.split("|")[1:-1])[:2]: [c.strip() for c in line.split("|")[1:-1]]
+             for line in run["markdown"].splitlines() if line.startswith("| ")}
+    assert cells[("op", "backend")] == list(report.HEADERS)
+    row = dict(zip(report.HEADERS, cells[("masked_whiten", "ascend")]))
+    assert row["cases"] == str(r["cases"]) and row["runs"] == str(r["runs"])
+    assert row["IQR %"] == f"{100 * (r['q3_ms'] - r['q1_ms']) / r['median_ms']:.0f}"
 
 
 def test_run_digests_are_the_golden_ones_on_canonical_backends(run):
@@ -67,13 +86,22 @@ def test_schema_validator_names_what_is_wrong(run):
     doc = copy.deepcopy(run["doc"])
     del doc["device"]
     doc["cases"][0]["digests"]["cpu"] = "xyz"
+    del doc["cases"][1]["digests"]["ascend"]
     doc["results"][0]["max_ulp"] = "big"
-    doc["schema_version"] = 2
+    doc["results"][1]["q3_ms"] = "slow"
+    doc["skipped"] = [{"name": "cuda"}]
+    doc["schema_version"] = 1
     with pytest.raises(ValueError) as err:
         schema.validate(doc)
-    for part in ("missing 'device'", "cases[0].digests.cpu: not a hex SHA-256", "results[0].max_ulp",
-                 "version 2"):
+    for part in ("missing 'device'", "cases[0].digests.cpu: not a hex SHA-256", "cases[1].digests: backends",
+                 "results[0].max_ulp", "results[1].q3_ms", "skipped[0]: missing 'reason'", "version 1"):
         assert part in str(err.value)
+    # A backend that ran a subset of the suite may lack a case's digest.
+    partial = copy.deepcopy(run["doc"])
+    partial["subsets"] = [{"backend": "ascend", "rule": "the first case only"}]
+    for case in partial["cases"][1:]:
+        del case["digests"]["ascend"]
+    assert schema.validate(partial) is partial
 
 
 def _write(tmp_path, name, doc):
