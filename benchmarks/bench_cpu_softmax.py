@@ -56,13 +56,14 @@ def main():
     for shape in SHAPES:
         x = torch.randn(shape, generator=generator) * 3
         tokens = torch.randint(0, shape[1], (shape[0],), generator=generator)
+        scale = torch.ones(shape[0])                       # the contract's per-row scale, T = 1
         cases = (
             ("log_softmax",
              lambda: torch.log_softmax(x, dim=-1),
-             lambda: cpu.log_softmax(x, None, 1.0)),
+             lambda: cpu.log_softmax(x, None, scale)),
             ("token_logprobs",
              lambda: torch.log_softmax(x, dim=-1).gather(-1, tokens[:, None])[:, 0],
-             lambda: cpu.token_logprobs(x, tokens, 1.0)),
+             lambda: cpu.token_logprobs(x, tokens, scale)),
         )
         for op, native, canonical in cases:
             t_native, t_cpu = median_ms((native, canonical), args.repeats)

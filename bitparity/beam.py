@@ -19,13 +19,19 @@ class BeamSearchOutput(NamedTuple):
     lengths: torch.Tensor       # int64 [B, num_beams]: prompt + generated tokens, EOS included
 
 
-def _check(input_ids, num_beams, max_new_tokens, eos_token_id, length_penalty, early_stopping):
+def _check(step_fn, input_ids, num_beams, max_new_tokens, eos_token_id, length_penalty, early_stopping):
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be callable (sequences int64 [N, L] -> logits [N, V]); "
+                        f"got {type(step_fn).__name__}")
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of dtype int64; got {type(input_ids).__name__}")
+    ops._check_layout("input_ids", input_ids)
     if input_ids.dtype != torch.int64:
         raise TypeError(f"input_ids must have dtype torch.int64; got {input_ids.dtype}")
     if input_ids.dim() != 2 or input_ids.numel() == 0:
         raise ValueError(f"input_ids must have shape [B, P] with B, P >= 1; got {tuple(input_ids.shape)}")
+    if bool((input_ids < 0).any()):
+        raise ValueError(f"input_ids must be token ids >= 0; got {int(input_ids.min())}")
     ops._positive_int("num_beams", num_beams)
     ops._positive_int("max_new_tokens", max_new_tokens)
     if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral) or eos_token_id < 0:
@@ -64,15 +70,22 @@ def _cannot_improve(pool, best_running, generated, max_new_tokens, length_penalt
 
 def beam_search(step_fn, input_ids, *, num_beams, max_new_tokens, eos_token_id, length_penalty=1.0,
                 early_stopping=False, backend=None):
-    """Beam search: step_fn(sequences int64 [N, L]) -> next-token logits [N, V]; input_ids int64 [B, P].
+    """Beam search: step_fn(sequences int64 [N, L]) -> next-token logits [N, V] (float32, bfloat16 or float16);
+    input_ids int64 [B, P], ids in [0, V) (checked once step_fn has given V); 2 * num_beams <= V, eos_token_id < V.
 
     Follows HF transformers' beam search (spec 23.1): running beams are ranked by their sum of
     log-probabilities; a hypothesis finishes with EOS (counted in its length) or at max_new_tokens and is
     scored sum * RN32(generated_length ** -length_penalty); each request keeps the num_beams best;
     early_stopping is HF's (True: stop when num_beams have finished; False: HF's heuristic; "never").
-    Returns BeamSearchOutput(sequences, scores, lengths), best first.
+    Returns BeamSearchOutput(sequences, scores, lengths), best first (float32 scores, int64 otherwise).
+    Every step ranks with beam_search_step on the backend given, so numpy, cpu, cuda and ascend make the
+    same choices; native ranks with torch's ops. Not differentiable: logits that require grad are refused
+    (call step_fn's model under torch.no_grad()).
     """
-    length_penalty = _check(input_ids, num_beams, max_new_tokens, eos_token_id, length_penalty, early_stopping)
+    length_penalty = _check(step_fn, input_ids, num_beams, max_new_tokens, eos_token_id, length_penalty,
+                            early_stopping)
+    # step_fn may index with the ids, and torch's indexing reads a lazily negated view's raw memory.
+    input_ids = ops._dense(input_ids)
     batch = input_ids.shape[0]
     running = input_ids[:, None, :]                           # [B, 1, P]: the prompt is the one beam at first
     running_scores = torch.zeros(batch, 1, dtype=torch.float32, device=input_ids.device)
@@ -80,6 +93,9 @@ def beam_search(step_fn, input_ids, *, num_beams, max_new_tokens, eos_token_id, 
     done = [False] * batch
     for generated in range(1, max_new_tokens + 1):
         logits = _next_logits(step_fn, running, num_beams, eos_token_id)
+        if generated == 1 and int(input_ids.max()) >= logits.shape[2]:     # V is known once step_fn has answered
+            raise ValueError(f"input_ids must lie in [0, V) = [0, {logits.shape[2]}) (V from step_fn's logits); "
+                             f"got {int(input_ids.max())}")
         # The 2 * num_beams best candidates: each beam has one EOS candidate at most, so at least
         # num_beams of them continue.
         scores, parents, tokens = ops.beam_search_step(running_scores, logits, 2 * num_beams, backend=backend)

@@ -7,17 +7,21 @@ from . import ops
 
 
 def mismatch(train_logp, rollout_logp, mask, *, correction=None, backend=None):
-    """Metrics of the trainer's against the rollout's log-probabilities of the sampled tokens, [B, T] each,
-    over the tokens where mask holds -> dict of 0-d float32 tensors:
+    """Metrics of the trainer's against the rollout's log-probabilities of the sampled tokens, [B, T] each
+    (float32, bfloat16 or float16; mask bool [B, T]), over the tokens where mask holds -> dict of 0-d float32
+    tensors:
 
-    - max_abs_logp_diff: max |train_logp - rollout_logp| (NaN if either holds NaN; 0 for an empty mask);
+    - max_abs_logp_diff: max |train_logp - rollout_logp| (NaN if either holds NaN at a counted token; 0 for an
+      empty mask);
     - mean_k3_kl: the masked mean of k3 = r - 1 - log r with r = pi_train / pi_rollout, the estimator of
       KL(pi_rollout || pi_train) from the rollout's samples;
     - frac_logp_differ: the fraction of tokens whose two log-probabilities differ (zero logdiff is 0.0);
     - frac_rejected (with correction, a dict of rollout_correction's keyword arguments): the fraction of
       tokens that correction would drop.
 
-    The metrics are logged numbers and carry no gradient, like ppo_policy_loss's clip fraction.
+    backend is passed to the canonical ops they are computed by (kl_penalty, masked_mean, rollout_correction),
+    so numpy, cpu, cuda and ascend give the same bits; native runs torch's ops. The metrics are logged numbers
+    and carry no gradient, like ppo_policy_loss's clip fraction.
     """
     with torch.no_grad():
         ops._check_float_tensor("train_logp", train_logp, 2)

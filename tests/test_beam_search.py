@@ -129,6 +129,11 @@ def test_a_request_alone_equals_it_in_a_batch():
     ({"input_ids": PROMPTS[0]}, ValueError, r"input_ids must have shape \[B, P\]"),
     ({"input_ids": PROMPTS.tolist()}, TypeError, "input_ids must be a torch.Tensor"),
     ({"step_fn": lambda s: torch.zeros(s.shape[0] + 1, VOCAB)}, ValueError, "step_fn must return logits of shape"),
+    ({"step_fn": 3}, TypeError, r"^step_fn must be callable .*got int"),
+    ({"input_ids": PROMPTS - 2}, ValueError, "^input_ids must be token ids >= 0; got -1"),
+    # V is known once step_fn has answered, so this step_fn reads no id.
+    ({"input_ids": PROMPTS + VOCAB - 8, "step_fn": lambda s: torch.zeros(s.shape[0], VOCAB)}, ValueError,
+     rf"^input_ids must lie in \[0, V\) = \[0, {VOCAB}\) \(V from step_fn's logits\); got {VOCAB}"),
 ])
 def test_rejects_bad_input(kwargs, error, match):
     args = {"step_fn": _step_fn(_table(0, 0.0)), "input_ids": PROMPTS, "num_beams": 2, "max_new_tokens": 3,

@@ -320,7 +320,7 @@ def test_beam_step_is_log_softmax_plus_score_then_topk():
     scores, logits = _beam_case(2, 4, 50, 7)
     logits[1, 2, :10] = logits[1, 2, 10]                                 # ties across the flat order
     new, parents, tokens = bp.beam_search_step(scores, logits, 6, backend="numpy")
-    lp = canonical.log_softmax(logits.reshape(-1, 50).numpy(), None, 1.0).reshape(2, 4, 50)
+    lp = canonical.log_softmax(logits.reshape(-1, 50).numpy(), None, np.ones(8, dtype=np.float32)).reshape(2, 4, 50)
     cand = (scores.numpy()[:, :, None] + lp).reshape(2, -1)
     for b in range(2):
         order = sorted(range(200), key=lambda i: (-cand[b, i], i))[:6]

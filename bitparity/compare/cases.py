@@ -11,7 +11,7 @@ The suite is a registry keyed by op name: `register(op, cases, timing)` adds
 an op, `suite(tier)` lists every named case of a tier.  Each case is built
 on demand and never stored, so a run holds one case's tensors at a time.
 SUITE_VERSION changes whenever a case's name, shape or inputs change, which
-invalidates the golden digests on purpose (tests/golden/).
+invalidates the golden digests on purpose (bitparity/golden/).
 """
 
 from dataclasses import dataclass, field

@@ -3,11 +3,16 @@
 A case's digest is the SHA-256 of its output's canonical bytes: a float32
 result as little-endian int32 after every NaN becomes 0x7FC00000
 (metrics.canonical_bits), an integer result as its little-endian bytes, the
-parts of a tuple concatenated in order.  The committed file
-tests/golden/spec-v<SPEC_VERSION>.json is written by the `cpu` backend
-(equal bit for bit to the `numpy` backend, the spec executed):
+parts of a tuple concatenated in order.  The file
+bitparity/golden/spec-v<SPEC_VERSION>.json ships inside the package (package
+data), so an installed bitparity verifies without its source tree.  It is part
+of the spec release, written once by the `cpu` backend (equal bit for bit to
+the `numpy` backend, the spec executed) when the spec changes:
 
     python -m bitparity.compare.golden --write [--quick --out FILE]
+
+A machine under test never writes its own: digests it wrote would only agree
+with themselves.
 """
 
 import argparse
@@ -23,7 +28,8 @@ from ..spec import SPEC_VERSION
 from . import cases, metrics
 from .cli_common import Progress
 
-GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden"
+# Package data (pyproject.toml), beside the code that reads it, in a wheel as in a checkout.
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 WRITER = "cpu"
 
 
@@ -75,11 +81,12 @@ def dumps(doc):
 
 
 def load(path=None):
-    """The golden document at path (default: tests/golden/spec-v<SPEC_VERSION>.json)."""
+    """The golden document at path (default: the shipped bitparity/golden/spec-v<SPEC_VERSION>.json)."""
     path = Path(path) if path is not None else default_path()
     if not path.is_file():
-        raise FileNotFoundError(f"no golden digests at {path}: run `python -m bitparity.compare.golden --write`, "
-                                f"or pass the file's path")
+        raise FileNotFoundError(f"no golden digest file at {path}: the golden digests come from the published "
+                                f"spec release, never from the machine under test; bitparity ships those of spec "
+                                f"{SPEC_VERSION} as {default_path()}")
     return json.loads(path.read_text())
 
 
@@ -149,7 +156,7 @@ def main(argv=None):
                              "default file is committed and verify trusts it)")
     parser.add_argument("--quick", action="store_true", help="the quick tier only (default: the full tier, "
                                                              "which holds the quick cases too)")
-    parser.add_argument("--out", help="where to write (default: tests/golden/spec-v<SPEC_VERSION>.json)")
+    parser.add_argument("--out", help="where to write (default: bitparity/golden/spec-v<SPEC_VERSION>.json)")
     args = parser.parse_args(argv)
     if args.quick and not args.out:
         parser.error("--quick needs --out: the default file holds the full tier, which verify --full needs")

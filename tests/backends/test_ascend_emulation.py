@@ -407,7 +407,7 @@ def _case(rows, n, seed):
 def test_core_count_changes_no_bit(n):
     """Rows are split over however many AI cores run; each row's bits must not move."""
     x, mask, tokens = _case(9, n, seed=n)
-    scale = float(torch.tensor(1 / 0.7, dtype=torch.float32))
+    scale = 1 / torch.linspace(0.5, 1.5, 9)             # each row its own, so a core reading another row's shows
     runs = {}
     for blocks in (1, 4, 9, 40):
         runs[blocks] = [
@@ -430,16 +430,17 @@ def test_emulated_kernels_give_the_canonical_bits(n):
     x, mask, tokens = _case(3, n, seed=7 * n)
     xs, ms = x.numpy(), mask.numpy()
     with np.errstate(all="ignore"):
+        scale = torch.tensor([0.5, 2.0, 1.25])                 # one per row
         for op in ("logsumexp", "entropy"):
-            want = torch.from_numpy(getattr(canonical, op)(xs, ms, 0.5))
-            assert torch.equal(_bits(host_emulation.row_op(op, x, mask, 0.5)), _bits(want)), op
+            want = torch.from_numpy(getattr(canonical, op)(xs, ms, scale.numpy()))
+            assert torch.equal(_bits(host_emulation.row_op(op, x, mask, scale)), _bits(want)), op
         for op in ("log_softmax", "softmax"):
-            want = torch.from_numpy(getattr(canonical, op)(xs, ms, 0.5))
-            assert torch.equal(_bits(host_emulation.map_op(op, x, mask, 0.5)), _bits(want)), op
+            want = torch.from_numpy(getattr(canonical, op)(xs, ms, scale.numpy()))
+            assert torch.equal(_bits(host_emulation.map_op(op, x, mask, scale)), _bits(want)), op
         want = torch.from_numpy(canonical.sum(xs, ms))
         assert torch.equal(_bits(host_emulation.row_op("sum", x, mask)), _bits(want))
-        want = torch.from_numpy(canonical.token_logprobs(xs, tokens.numpy(), 2.0))
-        assert torch.equal(_bits(host_emulation.row_op("token_logprobs", x, tokens, 2.0)), _bits(want))
+        want = torch.from_numpy(canonical.token_logprobs(xs, tokens.numpy(), scale.numpy()))
+        assert torch.equal(_bits(host_emulation.row_op("token_logprobs", x, tokens, scale)), _bits(want))
         flat = x.flatten()
         for op in ("exp", "log"):
             want = torch.from_numpy(getattr(canonical, op)(flat.numpy()))
@@ -642,11 +643,11 @@ def _backward_case(rows, cols, seed):
 def _backward_runs(rows, cols, seed, blocks):
     """Every backward kernel through host_emulation on `blocks` cores, and the same through reference/canonical.py."""
     x, mask, tokens, g_rows, g_full, logp, old, adv = _backward_case(rows, cols, seed)
-    scale = float(np.float32(1 / 0.7))
-    xs, ms, gr, gf = x.numpy(), mask.numpy(), g_rows.numpy(), g_full.numpy()
-    ys = canonical.log_softmax(xs, ms, scale)
-    ps = canonical.softmax(xs, None, scale)                 # softmax's backward runs without a mask here
-    hs = canonical.entropy(xs, ms, scale)
+    scale = 1 / torch.linspace(0.5, 1.5, rows)              # one per row
+    xs, ms, gr, gf, ss = x.numpy(), mask.numpy(), g_rows.numpy(), g_full.numpy(), scale.numpy()
+    ys = canonical.log_softmax(xs, ms, ss)
+    ps = canonical.softmax(xs, None, ss)                    # softmax's backward runs without a mask here
+    hs = canonical.entropy(xs, ms, ss)
     y, p, h = (torch.from_numpy(np.ascontiguousarray(a)) for a in (ys, ps, hs))
     lo, hi = float(np.float32(0.8)), float(np.float32(1.28))
     g1 = torch.tensor([-0.75])
@@ -666,11 +667,11 @@ def _backward_runs(rows, cols, seed, blocks):
     ]
     with np.errstate(all="ignore"):
         want = [
-            canonical.logsumexp_backward(xs, ms, scale, gr),
-            canonical.log_softmax_backward(ys, ms, scale, gf),
-            canonical.softmax_backward(ps, None, scale, gf),
-            canonical.entropy_backward(xs, ms, scale, hs, gr),
-            canonical.token_logprobs_backward(xs, tokens.numpy(), scale, gr),
+            canonical.logsumexp_backward(xs, ms, ss, gr),
+            canonical.log_softmax_backward(ys, ms, ss, gf),
+            canonical.softmax_backward(ps, None, ss, gf),
+            canonical.entropy_backward(xs, ms, ss, hs, gr),
+            canonical.token_logprobs_backward(xs, tokens.numpy(), ss, gr),
             canonical.masked_mean_backward(ms, gr),
             canonical.masked_whiten_backward(logp.numpy(), ms, False, True, np.float32(1e-8), "add", gf),
             canonical.masked_whiten_backward(logp.numpy(), ms, True, False, np.float32(0.75), "clamp", gf),
@@ -706,7 +707,7 @@ def test_backward_limits_are_refused():
         host_emulation.ppo_policy_loss_backward(big, big, big, mask, 0.8, 1.2, 3.0, 20.0, code, torch.ones(1))
     long_row = torch.empty(1, host_emulation.MAX_ROW + 1)
     with pytest.raises(ValueError, match=f"at most {host_emulation.MAX_ROW}"):
-        host_emulation.softmax_backward("softmax", long_row, None, 1.0, long_row)
+        host_emulation.softmax_backward("softmax", long_row, None, torch.ones(1), long_row)
     with pytest.raises(ValueError, match=f"at most {host_emulation.MAX_ROW}"):
         host_emulation.masked_mean_backward(torch.empty(long_row.shape, dtype=torch.bool), torch.ones(1))
 
@@ -721,11 +722,11 @@ _G_CHUNK_LOOP_REVERSED = """for (uint32_t back = geo.DataChunks(seg); back > 0; 
                 uint32_t len = geo.ChunkLength(seg, c);
                 CopyIn(rowStart + geo.ChunkStart(seg, c), len, OP == OutputGradOp::SOFTMAX);"""
 _REVERSED_LAUNCHER = """
-extern "C" int run_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                                    uint32_t cols, uint32_t hasMask, float scale)
+extern "C" int run_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                                    uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_softmax_backward(p, mask, g, out, rows, cols, hasMask, scale); });
+                                [&] { bitparity_softmax_backward(p, mask, scale, g, out, rows, cols, hasMask); });
 }
 """
 
@@ -744,16 +745,16 @@ def test_backward_bit_test_catches_a_changed_summation_order(tmp_path):
     g_full = torch.randn(4, 16385, generator=gen)
     mask = torch.rand(4, 16385, generator=gen) < 0.9
     mask[-1] = False
-    scale = float(np.float32(1 / 0.7))
-    p = torch.from_numpy(canonical.softmax(x.numpy(), mask.numpy(), scale))
+    scale = torch.full((4,), float(np.float32(1 / 0.7)))
+    p = torch.from_numpy(canonical.softmax(x.numpy(), mask.numpy(), scale.numpy()))
     with np.errstate(all="ignore"):
-        want = torch.from_numpy(canonical.softmax_backward(p.numpy(), mask.numpy(), scale, g_full.numpy()))
+        want = torch.from_numpy(canonical.softmax_backward(p.numpy(), mask.numpy(), scale.numpy(), g_full.numpy()))
     assert torch.equal(_bits(host_emulation.softmax_backward("softmax", p, mask, scale, g_full)), _bits(want))
     out = torch.empty_like(p)
-    lib.run_softmax_backward.argtypes = [ctypes.c_uint32, *[ctypes.c_void_p] * 4, ctypes.c_uint32, ctypes.c_uint32,
-                                         ctypes.c_uint32, ctypes.c_float]
-    status = lib.run_softmax_backward(4, p.data_ptr(), mask.data_ptr(), g_full.data_ptr(), out.data_ptr(), 4, 16385, 1,
-                                      scale)
+    lib.run_softmax_backward.argtypes = [ctypes.c_uint32, *[ctypes.c_void_p] * 5, ctypes.c_uint32, ctypes.c_uint32,
+                                         ctypes.c_uint32]
+    status = lib.run_softmax_backward(4, p.data_ptr(), mask.data_ptr(), scale.data_ptr(), g_full.data_ptr(),
+                                      out.data_ptr(), 4, 16385, 1)
     assert status == 0, lib.bp_emulation_last_error().decode()
     assert not torch.equal(_bits(out), _bits(want)), "a reversed chunk order gave the canonical bits"
     assert torch.equal(_bits(out)[-1], _bits(want)[-1])   # the fully masked row has no sum to reorder

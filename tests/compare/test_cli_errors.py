@@ -1,8 +1,10 @@
 """Bad input to the `bitparity` commands: a message naming what is wrong and exit status 2, before
 any long run, never a traceback (and never status 1, which `diff` and `verify` keep for differing bits)."""
 
+import importlib
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,15 +28,18 @@ def test_verify_with_a_json_that_is_not_a_golden_file(tmp_path, capsys):
     _fails(["verify", "--backend", "cpu", "--golden", str(path)], capsys, "not a golden digest file", "spec_version")
 
 
-def test_bench_with_zero_repeats_or_an_unavailable_backend(monkeypatch, capsys):
+def test_bench_with_zero_repeats(capsys):
     _fails(["bench", "--backend", "cpu", "--repeats", "0"], capsys, "repeats must be an integer >= 1")
-    monkeypatch.setattr("bitparity.compare.bench.availability", lambda b: (b != "ascend", "no NPU (test)"))
-    _fails(["bench", "--backend", "ascend"], capsys, "backend 'ascend' is not available here: no NPU (test)")
 
 
-def test_probe_cuda_without_triton(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "triton", None)        # `import triton` raises ImportError
-    _fails(["probe", "--backend", "cuda"], capsys, "--backend cuda needs triton")
+@pytest.mark.parametrize("command", ("probe", "verify", "bench", "rl-check"))
+def test_an_unavailable_backend_is_one_line_and_status_2_in_every_command(command, monkeypatch, capsys):
+    # cuda's backend module, as the registry sees it, says what a machine without triton or a GPU says;
+    # every caller of bitparity.backends.availability (and so backends()) gets that reason.
+    registry = importlib.import_module("bitparity.backends")
+    monkeypatch.setitem(registry._modules, "cuda", SimpleNamespace(availability=lambda: (False, "no GPU (test)")))
+    assert cli.main([command, "--backend", "cuda"]) == 2
+    assert capsys.readouterr().err == f"bitparity {command}: backend cuda is not available here: no GPU (test)\n"
 
 
 def test_compare_checks_plots_and_out_before_running(monkeypatch, tmp_path, capsys):

@@ -3,6 +3,11 @@ backend matches the file, and a wrong digest or a wrong backend is reported as a
 
 import hashlib
 import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,9 +96,32 @@ def test_verify_refuses_a_golden_file_of_another_suite(committed, tmp_path):
         golden.verify("cpu", "quick", other, progress=False)
 
 
-def test_verify_without_a_golden_file_says_how_to_make_one(tmp_path, capsys):
-    assert cli.main(["verify", "--backend", "cpu", "--golden", str(tmp_path / "none.json")]) == 2
-    assert "python -m bitparity.compare.golden --write" in capsys.readouterr().err
+def test_verify_without_a_golden_file_points_to_the_shipped_one_and_never_to_regenerating(tmp_path, capsys):
+    # Digests written on the machine under test would only agree with that machine.
+    missing = tmp_path / "none.json"
+    assert cli.main(["verify", "--backend", "cpu", "--golden", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bitparity verify: no golden digest file at {missing}: the golden digests come from the published "
+                   f"spec release, never from the machine under test; bitparity ships those of spec {SPEC_VERSION} as "
+                   f"{golden.default_path()}\n")
+    assert "--write" not in err
+
+
+def test_the_golden_file_ships_in_the_wheel(tmp_path):
+    """pyproject.toml declares it package data, so an installed bitparity verifies without the source tree.
+    The wheel is built from a copy of the package, so the build leaves no build/ in the checkout."""
+    root = Path(golden.__file__).resolve().parents[2]
+    source = tmp_path / "source"
+    shutil.copytree(root / "bitparity", source / "bitparity", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read(f"bitparity/golden/spec-v{SPEC_VERSION}.json")
+    assert shipped == golden.default_path().read_bytes()
 
 
 def test_verify_records_a_case_that_raises_and_goes_on(committed, monkeypatch):

@@ -115,7 +115,7 @@ def test_softmax_family_gradients_within_bounds_of_float64(n, temperature):
     scale = bp.ops.inverse_temperature(temperature)
     meaning = _float64_grads(x, mask, scale, g_rows, g_row, tokens)
     with np.errstate(all="ignore"):
-        got = _canonical_grads(x, mask, scale, g_rows, g_row, tokens)
+        got = _canonical_grads(x, mask, np.full(x.shape[0], scale, dtype=F32), g_rows, g_row, tokens)
     for op, (ref, floor) in meaning.items():
         assert _ulps(got[op], ref, floor) <= BOUNDS[op], op
 
@@ -178,14 +178,15 @@ def test_token_logprobs_gradient_is_log_softmax_with_a_one_hot_gradient():
     x, _, _, g_row = _rows(1000)
     tokens = np.arange(8) * 97
     one_hot = np.where(np.arange(1000)[None, :] == tokens[:, None], g_row[:, None], F32(0.0))
+    scale = np.full(x.shape[0], 1.25, dtype=F32)
     with np.errstate(all="ignore"):
-        via_rows = canonical.log_softmax_backward(canonical.log_softmax(x, None, F32(1.25)), None, F32(1.25), one_hot)
-        direct = canonical.token_logprobs_backward(x, tokens, F32(1.25), g_row)
+        via_rows = canonical.log_softmax_backward(canonical.log_softmax(x, None, scale), None, scale, one_hot)
+        direct = canonical.token_logprobs_backward(x, tokens, scale, g_row)
     np.testing.assert_array_equal(direct.view(np.int32), via_rows.view(np.int32))
 
 
 def test_per_row_temperature_gives_each_rows_scalar_gradient(any_backend):
-    """spec 26.1: the per-row path (ops.py's multiply, then scale 1) has the bits of a scalar call per row."""
+    """spec 26.1: with a per-row temperature (the backend reads each row's scale) a row has its scalar call's bits."""
     x, _, _, g_row = _rows(1000, rows=4)
     temps = torch.tensor([0.3, 0.7, 1.0, 1.9])
     tokens = torch.tensor([0, 5, 999, 40])

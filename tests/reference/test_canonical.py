@@ -66,16 +66,18 @@ def test_negative_zero_padding_changes_no_bit(row, extra):
 def test_masked_entries_are_minus_infinity(row, data):
     mask = data.draw(hnp.arrays(np.bool_, row.shape))
     as_inf = np.where(mask, row, F32(-np.inf))[None]
+    one = np.ones(1, dtype=F32)
     for op in (canonical.log_softmax, canonical.softmax, canonical.logsumexp, canonical.entropy):
-        assert np.array_equal(bits(op(row[None], mask[None], 1.0)), bits(op(as_inf, None, 1.0)))
+        assert np.array_equal(bits(op(row[None], mask[None], one)), bits(op(as_inf, None, one)))
 
 
 @given(hnp.arrays(F32, st.tuples(st.integers(1, 4), st.integers(1, 3000)), elements=st.floats(-80, 80, width=32)),
        st.data())
 def test_token_logprobs_is_log_softmax_gathered(x, data):
     tokens = data.draw(hnp.arrays(np.int64, x.shape[:1], elements=st.integers(0, x.shape[1] - 1)))
-    full = canonical.log_softmax(x, None, 1.0)
-    assert np.array_equal(bits(canonical.token_logprobs(x, tokens, 1.0)), bits(full[np.arange(x.shape[0]), tokens]))
+    ones = np.ones(x.shape[0], dtype=F32)
+    full = canonical.log_softmax(x, None, ones)
+    assert np.array_equal(bits(canonical.token_logprobs(x, tokens, ones)), bits(full[np.arange(x.shape[0]), tokens]))
 
 
 def _max_ulp(got, ref):
@@ -127,10 +129,12 @@ def test_accuracy_against_float64(op, shape, kind, temperature):
         elif op == "token_logprobs":
             m = None                                   # token_logprobs takes no mask
             tokens = cases.make_tokens(_t(x)).numpy()
-            got, ref = canonical.token_logprobs(x, tokens, scale), float64.token_logprobs(x, tokens, scale)
+            got = canonical.token_logprobs(x, tokens, np.full(shape[0], scale, dtype=F32))
+            ref = float64.token_logprobs(x, tokens, scale)
             bound = ACCURACY_BOUNDS[op]
         else:
-            got, ref = getattr(canonical, op)(x, m, scale), getattr(float64, op)(x, m, scale)
+            got = getattr(canonical, op)(x, m, np.full(shape[0], scale, dtype=F32))
+            ref = getattr(float64, op)(x, m, scale)
             bound = ACCURACY_BOUNDS[op]
         floor = ulp_floor(op, _t(x), None if m is None else _t(m), scale, ref)
         err = metrics.ulp_error(got.astype(np.float64), ref, floor)

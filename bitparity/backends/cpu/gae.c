@@ -31,18 +31,37 @@ ALWAYS_INLINE void gae_row(int zero_mode, const float *r, const float *v, const 
     }
 }
 
+struct gae_job {
+    const float *rewards, *values;
+    const uint8_t *mask;
+    const float *bootstrap;
+    int64_t t_len;
+    float g, gl;
+    int zero_mode;
+    float *adv, *ret;
+};
+
+/* The sequences [begin, end). */
+static void gae_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct gae_job *c = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        int64_t o = i * c->t_len;
+        if (c->zero_mode)
+            gae_row(1, c->rewards + o, c->values + o, c->mask + o, c->t_len, c->bootstrap[i], c->g, c->gl,
+                    c->adv + o, c->ret + o);
+        else
+            gae_row(0, c->rewards + o, c->values + o, c->mask + o, c->t_len, c->bootstrap[i], c->g, c->gl,
+                    c->adv + o, c->ret + o);
+    }
+}
+
 /* GAE of rewards, values, mask [B, T], bootstrap [B] into adv, ret [B, T]:
  * sequences are independent, so they are split over threads; each runs its
  * recurrence alone and in order. */
 void bp_gae(const float *rewards, const float *values, const uint8_t *mask, const float *bootstrap,
             int64_t b, int64_t t_len, float g, float gl, int zero_mode, float *adv, float *ret, int nthreads)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t i = 0; i < b; i++) {
-        int64_t o = i * t_len;
-        if (zero_mode)
-            gae_row(1, rewards + o, values + o, mask + o, t_len, bootstrap[i], g, gl, adv + o, ret + o);
-        else
-            gae_row(0, rewards + o, values + o, mask + o, t_len, bootstrap[i], g, gl, adv + o, ret + o);
-    }
+    const struct gae_job c = {rewards, values, mask, bootstrap, t_len, g, gl, zero_mode, adv, ret};
+    bp_parallel_for(gae_span, &c, b, nthreads);
 }

@@ -99,22 +99,39 @@ ALWAYS_INLINE void kl_block(enum kl_kind kind, const float *logp, const float *r
 /* Elements per work item of kl_run: the kind is dispatched once per block. */
 #define KL_BLOCK 4096
 
+struct kl_job {
+    const float *logp, *ref, *g;
+    int64_t n;
+    int kind;
+    float clamp, log_ratio_clamp;
+    float *out;
+};
+
+/* The blocks [begin, end) of KL_BLOCK elements (the last one shorter). */
+static void kl_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct kl_job *c = ctx;
+    for (int64_t block = begin; block < end; block++) {
+        int64_t s = block * KL_BLOCK;
+        int64_t len = c->n - s < KL_BLOCK ? c->n - s : KL_BLOCK;
+        const float *logp = c->logp + s, *ref = c->ref + s, *gs = c->g ? c->g + s : NULL;
+        float *out = c->out + s;
+        switch (c->kind) {
+        case KL_K1: kl_block(KL_K1, logp, ref, gs, len, c->clamp, c->log_ratio_clamp, out); break;
+        case KL_K2: kl_block(KL_K2, logp, ref, gs, len, c->clamp, c->log_ratio_clamp, out); break;
+        case KL_K3: kl_block(KL_K3, logp, ref, gs, len, c->clamp, c->log_ratio_clamp, out); break;
+        default: kl_block(KL_ABS, logp, ref, gs, len, c->clamp, c->log_ratio_clamp, out); break;
+        }
+    }
+}
+
 /* Element-wise over logp, ref (and g) [n] into out [n], in blocks over threads; kind is an enum kl_kind;
  * an unset clamp is +inf (see clamp_prop).  Each block runs the loop compiled for its constant kind. */
 static void kl_run(const float *logp, const float *ref, const float *g, int64_t n, int kind, float clamp,
                    float log_ratio_clamp, float *out, int nthreads)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t s = 0; s < n; s += KL_BLOCK) {
-        int64_t len = n - s < KL_BLOCK ? n - s : KL_BLOCK;
-        const float *gs = g ? g + s : NULL;
-        switch (kind) {
-        case KL_K1: kl_block(KL_K1, logp + s, ref + s, gs, len, clamp, log_ratio_clamp, out + s); break;
-        case KL_K2: kl_block(KL_K2, logp + s, ref + s, gs, len, clamp, log_ratio_clamp, out + s); break;
-        case KL_K3: kl_block(KL_K3, logp + s, ref + s, gs, len, clamp, log_ratio_clamp, out + s); break;
-        default: kl_block(KL_ABS, logp + s, ref + s, gs, len, clamp, log_ratio_clamp, out + s); break;
-        }
-    }
+    const struct kl_job c = {logp, ref, g, n, kind, clamp, log_ratio_clamp, out};
+    bp_parallel_for(kl_span, &c, (n + KL_BLOCK - 1) / KL_BLOCK, nthreads);
 }
 
 /* The KL estimator of logp, ref [n] into out [n]. */

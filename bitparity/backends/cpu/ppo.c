@@ -62,6 +62,25 @@ static int ppo_aggregate(enum ppo_agg agg, const float *loss, const uint8_t *mas
     return status;
 }
 
+struct ppo_token_pass {
+    const float *logp, *old_logp, *advantages;
+    float ratio_low, ratio_high, dual_clip, ratio_clamp;
+    float *loss, *clipped;
+};
+
+/* The tokens [begin, end): their losses and clip flags.  The fields are read into locals first: a store
+ * through loss or clipped could otherwise alias the float fields, which would be reloaded every token. */
+static void ppo_token_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct ppo_token_pass *c = ctx;
+    const float *logp = c->logp, *old_logp = c->old_logp, *advantages = c->advantages;
+    float ratio_low = c->ratio_low, ratio_high = c->ratio_high, dual_clip = c->dual_clip;
+    float ratio_clamp = c->ratio_clamp, *loss = c->loss, *clipped = c->clipped;
+    for (int64_t i = begin; i < end; i++)
+        loss[i] = ppo_token_loss(logp[i], old_logp[i], advantages[i], ratio_low, ratio_high, dual_clip, ratio_clamp,
+                                 &clipped[i]);
+}
+
 /* PPO policy loss of logp, old_logp, advantages, mask [B, T] into result[0]
  * (the loss aggregated by agg, an enum ppo_agg) and result[1] (the clip
  * fraction: the masked mean over all B*T tokens of clipped, as one row).
@@ -78,10 +97,9 @@ int bp_ppo_policy_loss(const float *logp, const float *old_logp, const float *ad
     int status = -1;
     if (loss && per_seq && counts && non_empty) {
         float *clipped = loss + n;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-        for (int64_t i = 0; i < n; i++)
-            loss[i] = ppo_token_loss(logp[i], old_logp[i], advantages[i], ratio_low, ratio_high, dual_clip,
-                                     ratio_clamp, &clipped[i]);
+        const struct ppo_token_pass c = {logp, old_logp, advantages, ratio_low, ratio_high, dual_clip, ratio_clamp,
+                                         loss, clipped};
+        bp_parallel_for(ppo_token_span, &c, n, nthreads);
         status = ppo_aggregate(agg, loss, mask, b, t_len, per_seq, counts, non_empty, &result[0], nthreads);
         if (status == 0)
             status = masked_mean_rows(clipped, mask, 1, n, &result[1], counts, nthreads);

@@ -27,19 +27,31 @@ ALWAYS_INLINE void philox(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3
     }
 }
 
+struct philox_job {
+    const int64_t *counters, *keys;
+    int64_t *out;
+};
+
+/* The counters [begin, end). */
+static void philox_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct philox_job *c = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        uint32_t c0 = (uint32_t)c->counters[4 * i], c1 = (uint32_t)c->counters[4 * i + 1];
+        uint32_t c2 = (uint32_t)c->counters[4 * i + 2], c3 = (uint32_t)c->counters[4 * i + 3];
+        philox(&c0, &c1, &c2, &c3, (uint32_t)c->keys[2 * i], (uint32_t)c->keys[2 * i + 1]);
+        c->out[4 * i] = c0;
+        c->out[4 * i + 1] = c1;
+        c->out[4 * i + 2] = c2;
+        c->out[4 * i + 3] = c3;
+    }
+}
+
 /* counters u32[n, 4] and keys u32[n, 2], held in int64 -> out int64[n, 4]. */
 void bp_philox(const int64_t *counters, const int64_t *keys, int64_t n, int64_t *out, int nthreads)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t c0 = (uint32_t)counters[4 * i], c1 = (uint32_t)counters[4 * i + 1];
-        uint32_t c2 = (uint32_t)counters[4 * i + 2], c3 = (uint32_t)counters[4 * i + 3];
-        philox(&c0, &c1, &c2, &c3, (uint32_t)keys[2 * i], (uint32_t)keys[2 * i + 1]);
-        out[4 * i] = c0;
-        out[4 * i + 1] = c1;
-        out[4 * i + 2] = c2;
-        out[4 * i + 3] = c3;
-    }
+    const struct philox_job c = {counters, keys, out};
+    bp_parallel_for(philox_span, &c, n, nthreads);
 }
 
 /* The Exp(1) variate E made from the words (a, b) (spec 20):

@@ -197,27 +197,35 @@ struct select_args {
 /* Row r of a selection op, with its thread's scratch. */
 typedef void select_row_fn(const struct select_args *a, int64_t r, int64_t n, const struct select_scratch *sc);
 
-/* Runs row over rows under `omp parallel for schedule(static)`: a thread owns
- * whole rows and its own scratch, so no bit depends on the thread count.
+struct select_job {
+    select_row_fn *row;
+    const struct select_args *a;
+    int64_t n;
+};
+
+/* A member of select_rows' job: its own scratch, then the rows it claims. */
+static inline int select_member(const void *ctx, struct bp_job *job)
+{
+    const struct select_job *c = ctx;
+    struct select_scratch sc;
+    if (select_scratch_alloc(&sc, c->n) != 0)
+        return -1;
+    int64_t begin, end;
+    while (bp_claim(job, &begin, &end))
+        for (int64_t r = begin; r < end; r++)
+            c->row(c->a, r, c->n, &sc);
+    select_scratch_free(&sc);
+    return 0;
+}
+
+/* Runs row over rows on bp_parallel's threads: a thread computes whole rows
+ * with its own scratch, so no bit depends on which thread or how many.
  * Returns 0, or -1 if scratch could not be allocated. */
 static inline int select_rows(select_row_fn *row, const struct select_args *a, int64_t rows, int64_t n,
                               int nthreads)
 {
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads) reduction(|:failed)
-    {
-        struct select_scratch sc;
-        failed = select_scratch_alloc(&sc, n);
-        /* every thread reaches the loop: a worksharing loop needs all of them */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (failed)
-                continue;
-            row(a, r, n, &sc);
-        }
-        select_scratch_free(&sc);
-    }
-    return failed ? -1 : 0;
+    const struct select_job c = {row, a, n};
+    return bp_parallel(select_member, &c, rows, nthreads);
 }
 
 #endif /* BP_CPU_SELECTION_H */

@@ -1,9 +1,17 @@
 /* The softmax family (spec 8) for the `cpu` backend: logsumexp, log_softmax,
  * softmax, entropy and token_logprobs, each from softmax_stats, and their
- * backward (spec 26.2-26.6).  canonical.h says why the bits cannot depend on
- * the build. */
+ * backward (spec 26.2-26.6).  Every op takes one scale per row, f32[rows]
+ * (spec 8.1: w = x * scale[r]).  canonical.h says why the bits cannot depend
+ * on the build. */
 
 #include "softmax_stats.h"
+
+/* run_rows' arguments (their scalar scale unused) and the per-row scales.  rows is
+ * the first member, so the pointer run_rows hands back to softmax_row is this struct's. */
+struct softmax_args {
+    struct row_args rows;
+    const float *scale;
+};
 
 enum op {
     OP_LOGSUMEXP, OP_LOG_SOFTMAX, OP_SOFTMAX, OP_ENTROPY, OP_TOKEN_LOGPROBS,
@@ -107,9 +115,10 @@ ALWAYS_INLINE void row_backward(enum op op, const float *xr, const uint8_t *mr, 
     }
 }
 
-/* Row r of a->op (run_rows' row function). */
+/* Row r of a->op (run_rows' row function), with its own scale. */
 static void softmax_row(const struct row_args *a, int64_t r, const struct scratch *sc)
 {
+    float scale = ((const struct softmax_args *)a)->scale[r];
     int64_t n = a->n;
     const float *xr = a->x + r * n;
     const uint8_t *mr = a->mask ? a->mask + r * n : NULL;
@@ -120,52 +129,56 @@ static void softmax_row(const struct row_args *a, int64_t r, const struct scratc
         float h = a->h ? a->h[r] : 0.0f;
         /* two inlined copies, so each inner loop is compiled knowing whether a mask exists */
         if (mr)
-            row_backward(a->op, xr, mr, n, a->scale, token, gr, h, a->out + r * n, sc);
+            row_backward(a->op, xr, mr, n, scale, token, gr, h, a->out + r * n, sc);
         else
-            row_backward(a->op, xr, NULL, n, a->scale, token, gr, h, a->out + r * n, sc);
+            row_backward(a->op, xr, NULL, n, scale, token, gr, h, a->out + r * n, sc);
         return;
     }
     float *orow = a->op == OP_LOG_SOFTMAX || a->op == OP_SOFTMAX ? a->out + r * n : NULL;
     if (mr)
-        row_op(a->op, xr, mr, n, a->scale, token, orow, a->out + r, sc);
+        row_op(a->op, xr, mr, n, scale, token, orow, a->out + r, sc);
     else
-        row_op(a->op, xr, NULL, n, a->scale, token, orow, a->out + r, sc);
+        row_op(a->op, xr, NULL, n, scale, token, orow, a->out + r, sc);
 }
 
-/* op over the rows of x [rows, n] (mask u8[rows, n], tokens i64[rows], g, h or NULL) into out. */
+/* op over the rows of x [rows, n] (mask u8[rows, n], tokens i64[rows], g, h or NULL), row r scaled by
+ * scale[r], into out. */
 static int softmax_rows(enum op op, const float *x, const uint8_t *mask, const int64_t *tokens, const float *g,
-                        const float *h, int64_t rows, int64_t n, float scale, float *out, int nthreads)
+                        const float *h, int64_t rows, int64_t n, const float *scale, float *out, int nthreads)
 {
-    const struct row_args a = {x, mask, tokens, n, scale, op, out, g, h};
-    return run_rows(softmax_row, &a, rows, nthreads);
+    const struct softmax_args a = {
+        .rows = {.x = x, .mask = mask, .tokens = tokens, .n = n, .op = op, .out = out, .g = g, .h = h},
+        .scale = scale,
+    };
+    return run_rows(softmax_row, &a.rows, rows, nthreads);
 }
 
-int bp_logsumexp(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+int bp_logsumexp(const float *x, const uint8_t *mask, int64_t rows, int64_t n, const float *scale,
                         float *out, int nthreads)
 {
     return softmax_rows(OP_LOGSUMEXP, x, mask, NULL, NULL, NULL, rows, n, scale, out, nthreads);
 }
 
-int bp_log_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+int bp_log_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, const float *scale,
                           float *out, int nthreads)
 {
     return softmax_rows(OP_LOG_SOFTMAX, x, mask, NULL, NULL, NULL, rows, n, scale, out, nthreads);
 }
 
-int bp_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+int bp_softmax(const float *x, const uint8_t *mask, int64_t rows, int64_t n, const float *scale,
                       float *out, int nthreads)
 {
     return softmax_rows(OP_SOFTMAX, x, mask, NULL, NULL, NULL, rows, n, scale, out, nthreads);
 }
 
-int bp_entropy(const float *x, const uint8_t *mask, int64_t rows, int64_t n, float scale,
+int bp_entropy(const float *x, const uint8_t *mask, int64_t rows, int64_t n, const float *scale,
                       float *out, int nthreads)
 {
     return softmax_rows(OP_ENTROPY, x, mask, NULL, NULL, NULL, rows, n, scale, out, nthreads);
 }
 
 int bp_token_logprobs(const float *x, const int64_t *tokens, int64_t rows, int64_t n,
-                             float scale, float *out, int nthreads)
+                             const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_TOKEN_LOGPROBS, x, NULL, tokens, NULL, NULL, rows, n, scale, out, nthreads);
 }
@@ -174,35 +187,35 @@ int bp_token_logprobs(const float *x, const int64_t *tokens, int64_t rows, int64
 
 /* x, mask [rows, n]; g [rows]. */
 int bp_logsumexp_backward(const float *x, const uint8_t *mask, const float *g, int64_t rows, int64_t n,
-                          float scale, float *out, int nthreads)
+                          const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_LOGSUMEXP_BACKWARD, x, mask, NULL, g, NULL, rows, n, scale, out, nthreads);
 }
 
 /* y: the forward's output, mask, g [rows, n]. */
 int bp_log_softmax_backward(const float *y, const uint8_t *mask, const float *g, int64_t rows, int64_t n,
-                            float scale, float *out, int nthreads)
+                            const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_LOG_SOFTMAX_BACKWARD, y, mask, NULL, g, NULL, rows, n, scale, out, nthreads);
 }
 
 /* p: the forward's output, mask, g [rows, n]. */
 int bp_softmax_backward(const float *p, const uint8_t *mask, const float *g, int64_t rows, int64_t n,
-                        float scale, float *out, int nthreads)
+                        const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_SOFTMAX_BACKWARD, p, mask, NULL, g, NULL, rows, n, scale, out, nthreads);
 }
 
 /* x, mask [rows, n]; h: the forward's output, g [rows]. */
 int bp_entropy_backward(const float *x, const uint8_t *mask, const float *h, const float *g, int64_t rows,
-                        int64_t n, float scale, float *out, int nthreads)
+                        int64_t n, const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_ENTROPY_BACKWARD, x, mask, NULL, g, h, rows, n, scale, out, nthreads);
 }
 
 /* x [rows, n]; tokens, g [rows]. */
 int bp_token_logprobs_backward(const float *x, const int64_t *tokens, const float *g, int64_t rows, int64_t n,
-                               float scale, float *out, int nthreads)
+                               const float *scale, float *out, int nthreads)
 {
     return softmax_rows(OP_TOKEN_LOGPROBS_BACKWARD, x, NULL, tokens, g, NULL, rows, n, scale, out, nthreads);
 }

@@ -6,10 +6,11 @@ canonical sums n_g of the exponentials exp(w - m_g) that are exactly 1 and
 t_g of the others; then the row shift, the partial trees count and rest,
 their TwoSum total + err, recip = 1/total and log_total = log(total) + err * recip.
 Each op then finishes with its own elementwise pass or canonical sum, in the
-order of the same-named function in canonical.py.  ``softmax_stats`` takes
-the function that loads a chunk of the rows as an argument, so attention
-(attention.py) computes the same statistics over the scores it computes
-chunk by chunk.
+order of the same-named function in canonical.py.  Every kernel reads one
+scale per row, scale: f32[n_rows] (spec 8.1: w = x * scale[r]), as sampling.py
+does.  ``softmax_stats`` takes the function that loads a chunk of the rows as
+an argument, so attention (attention.py) computes the same statistics over the
+scores it computes chunk by chunk.
 
 The backward kernels (spec 26) sit after the forward ones.  Where they need
 a row statistic they recompute it with the same ``_softmax_stats`` from the
@@ -29,8 +30,8 @@ from .layout import block_rows, launch, row_layout
 
 @triton.jit
 def _load_scaled(x_ptr, mask_ptr, offs, inside, scale, HAS_MASK: tl.constexpr):
-    # offs, inside: [BLOCK_R, W] -> w = x * scale, and -inf where masked out
-    # (canonical._scaled) or outside the row (the -inf padding of the segment view).
+    # offs, inside: [BLOCK_R, W], scale: [BLOCK_R, 1] -> w = x * scale, and -inf where
+    # masked out (canonical._scaled) or outside the row (the -inf padding of the segment view).
     w = tl.load(x_ptr + offs, mask=inside, other=0.0) * scale
     keep = inside
     if HAS_MASK:
@@ -54,6 +55,12 @@ def _counted(mask_ptr, offs, inside, v, HAS_MASK: tl.constexpr):
     if HAS_MASK:
         v = tl.where(tl.load(mask_ptr + offs, mask=inside, other=False), v, 0.0)
     return v
+
+
+@triton.jit
+def _row_scales(scale_ptr, rows, rows_ok):
+    # rows, rows_ok: [BLOCK_R] -> scale: [BLOCK_R, 1], each row's own (spec 8.1).
+    return tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)[:, None]
 
 
 @triton.jit
@@ -115,7 +122,7 @@ def softmax_stats(load_chunk, chunk_args, n_cols, n_segments,
 @triton.jit
 def _load_chunk(chunk_args, cols):
     # chunk_args = (x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, HAS_MASK),
-    # row_start, rows_ok: [BLOCK_R]; cols: [W] -> w: [BLOCK_R, W], as _load_scaled.
+    # row_start, rows_ok: [BLOCK_R], scale: [BLOCK_R, 1]; cols: [W] -> w: [BLOCK_R, W], as _load_scaled.
     # HAS_MASK is read by index: unpacking a tuple makes its constexprs run-time values.
     x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, _ = chunk_args
     inside = rows_ok[:, None] & (cols < n_cols)[None, :]
@@ -125,27 +132,29 @@ def _load_chunk(chunk_args, cols):
 @triton.jit
 def _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
-    # row_start, rows_ok: [BLOCK_R] -> (shift, total, log_total, recip), each
-    # [BLOCK_R], of the rows w = x * scale, -inf where masked out.
+    # row_start, rows_ok: [BLOCK_R], scale: [BLOCK_R, 1] -> (shift, total, log_total,
+    # recip), each [BLOCK_R], of the rows w = x * scale, -inf where masked out.
     return softmax_stats(_load_chunk, (x_ptr, mask_ptr, row_start, rows_ok, n_cols, scale, HAS_MASK),
                          n_cols, n_segments, BLOCK_R, W, GP)
 
 
 @triton.jit
-def logsumexp_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def logsumexp_kernel(x_ptr, mask_ptr, scale_ptr, out_ptr, n_rows, n_cols, n_segments,
                      HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask: [n_rows, n_cols]; out: [n_rows] = shift + log_total.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, _, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                             HAS_MASK, BLOCK_R, W, GP)
     tl.store(out_ptr + rows, shift + log_total, mask=rows_ok)
 
 
 @triton.jit
-def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def log_softmax_kernel(x_ptr, mask_ptr, scale_ptr, out_ptr, n_rows, n_cols, n_segments,
                        HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols]; out = (w - shift) - log_total, -inf on empty rows.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     lanes = tl.arange(0, W)
@@ -158,10 +167,11 @@ def log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, sca
 
 
 @triton.jit
-def softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def softmax_kernel(x_ptr, mask_ptr, scale_ptr, out_ptr, n_rows, n_cols, n_segments,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols]; out = exp(w - shift) * recip (recip is 0 on empty rows).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, _, _, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                         HAS_MASK, BLOCK_R, W, GP)
     lanes = tl.arange(0, W)
@@ -174,12 +184,13 @@ def softmax_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
 
 
 @triton.jit
-def entropy_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def entropy_kernel(x_ptr, mask_ptr, scale_ptr, out_ptr, n_rows, n_cols, n_segments,
                    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask: [n_rows, n_cols]; out: [n_rows] = canonical sum of
     # (e_i * recip) * (log_total - d_i), d_i = w_i - shift, e_i = exp(d_i),
     # with -0.0 where e_i == 0 (spec 8.4), then + 0.0.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, _, log_total, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     neg_zero = neg_zeros(())
@@ -206,13 +217,14 @@ def entropy_kernel(x_ptr, mask_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
 
 
 @triton.jit
-def token_logprobs_kernel(x_ptr, tokens_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def token_logprobs_kernel(x_ptr, tokens_ptr, scale_ptr, out_ptr, n_rows, n_cols, n_segments,
                           BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x: [n_rows, n_cols], tokens: [n_rows] int64; out: [n_rows] =
     # (w[token] - shift) - log_total, -inf on empty rows: log_softmax's bits at the token.
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
-    shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments, scale,
-                                                False, BLOCK_R, W, GP)
+    scale = tl.load(scale_ptr + rows, mask=rows_ok, other=1.0)          # [BLOCK_R]
+    shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments,
+                                                scale[:, None], False, BLOCK_R, W, GP)
     tokens = tl.load(tokens_ptr + rows, mask=rows_ok, other=0)          # [BLOCK_R]
     chosen = tl.load(x_ptr + row_start + tokens, mask=rows_ok, other=0.0) * scale
     out = (chosen - shift) - log_total
@@ -225,11 +237,12 @@ def token_logprobs_kernel(x_ptr, tokens_ptr, out_ptr, n_rows, n_cols, n_segments
 # comes last (spec 26.1), before the +0.0 of the entries that do not count.
 
 @triton.jit
-def logsumexp_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def logsumexp_backward_kernel(x_ptr, mask_ptr, scale_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments,
                               HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols], g: [n_rows]; out = select(m, (g * P) * scale, +0.0)
     # with P = exp(log_softmax(x)), log_softmax recomputed from the forward's statistics (spec 26.2).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, total, log_total, _ = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     g = tl.load(g_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
@@ -244,13 +257,14 @@ def logsumexp_backward_kernel(x_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n
 
 
 @triton.jit
-def log_softmax_backward_kernel(y_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def log_softmax_backward_kernel(y_ptr, mask_ptr, scale_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments,
                                 HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr,
                                 GP: tl.constexpr):
     # y (the forward's output), mask, g, out: [n_rows, n_cols] (spec 26.3):
     #   G   = canonical sum of select(m, g, -0.0)
     #   out = select(m, (g - exp(y) * G) * scale, +0.0).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     big_g, _ = masked_row_sum(g_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, HAS_MASK, BLOCK_R, W, GP)
     lanes = tl.arange(0, W)
     for start in range(0, n_cols, W):
@@ -264,12 +278,13 @@ def log_softmax_backward_kernel(y_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols,
 
 
 @triton.jit
-def softmax_backward_kernel(p_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def softmax_backward_kernel(p_ptr, mask_ptr, scale_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments,
                             HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # p (the forward's output), mask, g, out: [n_rows, n_cols] (spec 26.4):
     #   G   = canonical sum of select(m, g * p, -0.0)
     #   out = select(m, (p * (g - G)) * scale, +0.0).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     big_g, _ = masked_row_sum(p_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments, HAS_MASK, BLOCK_R, W, GP,
                               factor_ptr=g_ptr)
     lanes = tl.arange(0, W)
@@ -284,7 +299,7 @@ def softmax_backward_kernel(p_ptr, mask_ptr, g_ptr, out_ptr, n_rows, n_cols, n_s
 
 
 @triton.jit
-def entropy_backward_kernel(x_ptr, mask_ptr, h_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def entropy_backward_kernel(x_ptr, mask_ptr, scale_ptr, h_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments,
                             HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, mask, out: [n_rows, n_cols], h (the forward's output), g: [n_rows] (spec 26.5):
     #   d = w - shift, e = exp(d), q = e * recip, a = log_total - d (entropy_kernel's terms)
@@ -292,6 +307,7 @@ def entropy_backward_kernel(x_ptr, mask_ptr, h_ptr, g_ptr, out_ptr, n_rows, n_co
     # A masked entry has e == 0 already, except in a row whose shift is NaN: the outer
     # select keeps it +0.0 there too (spec 26.1).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, _, log_total, recip = _softmax_stats(x_ptr, mask_ptr, row_start, rows_ok, n_cols, n_segments,
                                                 scale, HAS_MASK, BLOCK_R, W, GP)
     h = tl.load(h_ptr + rows, mask=rows_ok, other=0.0)[:, None]         # [BLOCK_R, 1]
@@ -311,11 +327,12 @@ def entropy_backward_kernel(x_ptr, mask_ptr, h_ptr, g_ptr, out_ptr, n_rows, n_co
 
 
 @triton.jit
-def token_logprobs_backward_kernel(x_ptr, tokens_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments, scale,
+def token_logprobs_backward_kernel(x_ptr, tokens_ptr, scale_ptr, g_ptr, out_ptr, n_rows, n_cols, n_segments,
                                    BLOCK_R: tl.constexpr, W: tl.constexpr, GP: tl.constexpr):
     # x, out: [n_rows, n_cols], tokens: [n_rows] int64, g: [n_rows] (spec 26.6):
     #   out = (select(i == token, g, +0.0) - P * g) * scale, P = exp(log_softmax(x)).
     rows, rows_ok, row_start = program_rows(n_rows, n_cols, BLOCK_R)
+    scale = _row_scales(scale_ptr, rows, rows_ok)                      # [BLOCK_R, 1]
     shift, total, log_total, _ = _softmax_stats(x_ptr, x_ptr, row_start, rows_ok, n_cols, n_segments, scale,
                                                 False, BLOCK_R, W, GP)
     tokens = tl.load(tokens_ptr + rows, mask=rows_ok, other=0)[:, None]  # [BLOCK_R, 1]
@@ -331,20 +348,20 @@ def token_logprobs_backward_kernel(x_ptr, tokens_ptr, g_ptr, out_ptr, n_rows, n_
         tl.store(out_ptr + offs, (tl.where(hit, g, 0.0) - p * g) * scale, mask=inside)
 
 
-def _launch(kernel, tensors, scale, **constexprs):
+def _launch(kernel, tensors, **constexprs):
     # tensors: the kernel's tensor arguments in order, the first [n_rows, n_cols]
     # (x, or the forward's output), the last the output.
     n_rows, n_cols = tensors[0].shape
     width, n_segments, slots = row_layout(n_cols)
     rows = block_rows(n_rows, width)
-    launch(kernel, triton.cdiv(n_rows, rows), *tensors, n_rows, n_cols, n_segments, float(scale),
+    launch(kernel, triton.cdiv(n_rows, rows), *tensors, n_rows, n_cols, n_segments,
            BLOCK_R=rows, W=width, GP=slots, **constexprs)
     return tensors[-1]
 
 
 def _masked(kernel, x, mask, scale, *tensors):
-    # tensors: the kernel's tensor arguments after x and the mask (the mask is x itself when there is none).
-    return _launch(kernel, (x, x if mask is None else mask, *tensors), scale, HAS_MASK=mask is not None)
+    # tensors: the kernel's tensor arguments after x, the mask (x itself when there is none) and scale.
+    return _launch(kernel, (x, x if mask is None else mask, scale, *tensors), HAS_MASK=mask is not None)
 
 
 def _row_out(x):
@@ -368,7 +385,7 @@ def entropy(x, mask, scale):
 
 
 def token_logprobs(x, tokens, scale):
-    return _launch(token_logprobs_kernel, (x, tokens, _row_out(x)), scale)
+    return _launch(token_logprobs_kernel, (x, tokens, scale, _row_out(x)))
 
 
 def logsumexp_backward(x, mask, scale, g):
@@ -388,4 +405,4 @@ def entropy_backward(x, mask, scale, h, g):
 
 
 def token_logprobs_backward(x, tokens, scale, g):
-    return _launch(token_logprobs_backward_kernel, (x, tokens, g, torch.empty_like(x)), scale)
+    return _launch(token_logprobs_backward_kernel, (x, tokens, scale, g, torch.empty_like(x)))

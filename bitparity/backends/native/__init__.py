@@ -18,7 +18,7 @@ def availability():
 
 
 def _scaled(x, mask, scale):
-    w = x * scale
+    w = x * scale[:, None]                       # scale: one per row (docs/backend-contract.md)
     return w if mask is None else w.masked_fill(~mask, float("-inf"))
 
 
@@ -46,7 +46,7 @@ def entropy(x, mask, scale):
 
 
 def token_logprobs(x, tokens, scale):
-    return torch.log_softmax(x * scale, dim=-1).gather(-1, tokens[:, None])[:, 0]
+    return torch.log_softmax(x * scale[:, None], dim=-1).gather(-1, tokens[:, None])[:, 0]
 
 
 def exp(x):

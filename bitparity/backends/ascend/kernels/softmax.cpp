@@ -3,8 +3,8 @@
 // backwards (spec 26), each beside its forward.
 //
 //   x: f32[rows, cols] (GM); mask: bool[rows, cols] or absent (tokens: int64[rows]
-//   for token_logprobs); out: f32[rows] or f32[rows, cols]; scale: the float32
-//   inverse temperature.
+//   for token_logprobs); scale: f32[rows], each row's float32 inverse temperature,
+//   read once per row; out: f32[rows] or f32[rows, cols].
 //
 // Every op starts from the same row statistics (Stats), in the spec's order:
 //   w = x * scale, masked elements and padding lanes -inf.
@@ -78,16 +78,16 @@ public:
     __aicore__ inline KernelSoftmax() {}
 
     // other: the mask (or nullptr) for the masked ops, the tokens for TOKEN_LOGPROBS(_BACKWARD).
-    __aicore__ inline void Init(GM_ADDR x, GM_ADDR other, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                uint32_t hasMask, float scale)
+    __aicore__ inline void Init(GM_ADDR x, GM_ADDR other, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                uint32_t hasMask)
     {
         this->cols = cols;
-        this->scale = scale;
         this->hasMask = hasMask != 0;
         geo = MakeRowGeometry(cols);
         share = ThisCoresShare(rows);
         uint64_t elements = static_cast<uint64_t>(rows) * cols;
         xGm.SetGlobalBuffer((__gm__ float*)x, elements);
+        scaleGm.SetGlobalBuffer((__gm__ float*)scale, rows);
         pipe.InitBuffer(xQueue, BUFFER_NUM, LANES * sizeof(float));
         if (this->hasMask) {
             maskGm.SetGlobalBuffer((__gm__ uint8_t*)other, elements);
@@ -138,6 +138,7 @@ public:
     {
         for (uint32_t row = share.begin; row < share.end; ++row) {
             uint64_t rowStart = static_cast<uint64_t>(row) * cols;
+            scale = scaleGm.GetValue(row);
             SoftmaxStats s = Stats(rowStart);
             if constexpr (OP == SoftmaxOp::LOGSUMEXP) {
                 results.Put(row, s.shift + s.logTotal);
@@ -418,13 +419,14 @@ private:
     AscendC::GlobalTensor<float> xGm;
     AscendC::GlobalTensor<uint8_t> maskGm;
     AscendC::GlobalTensor<int64_t> tokensGm;
+    AscendC::GlobalTensor<float> scaleGm;
     AscendC::GlobalTensor<float> outGm;
     AscendC::GlobalTensor<float> gGm;
     AscendC::GlobalTensor<float> hGm;
     RowGeometry geo;
     Range share;
     uint32_t cols = 0;
-    float scale = 1.0f;
+    float scale = 1.0f;     // the current row's
     bool hasMask = false;
 };
 
@@ -437,17 +439,18 @@ class KernelSoftmaxOutputGrad {
 public:
     __aicore__ inline KernelSoftmaxOutputGrad() {}
 
-    // y: the forward's output f32[rows, cols]; mask: bool[rows, cols] or nullptr; g: f32[rows, cols].
-    __aicore__ inline void Init(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                uint32_t hasMask, float scale)
+    // y: the forward's output f32[rows, cols]; mask: bool[rows, cols] or nullptr; scale: f32[rows];
+    // g: f32[rows, cols].
+    __aicore__ inline void Init(GM_ADDR y, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                uint32_t cols, uint32_t hasMask)
     {
         this->cols = cols;
-        this->scale = scale;
         this->hasMask = hasMask != 0;
         geo = MakeRowGeometry(cols);
         share = ThisCoresShare(rows);
         uint64_t elements = static_cast<uint64_t>(rows) * cols;
         yGm.SetGlobalBuffer((__gm__ float*)y, elements);
+        scaleGm.SetGlobalBuffer((__gm__ float*)scale, rows);
         gGm.SetGlobalBuffer((__gm__ float*)g, elements);
         outGm.SetGlobalBuffer((__gm__ float*)out, elements);
         pipe.InitBuffer(yQueue, BUFFER_NUM, LANES * sizeof(float));
@@ -472,6 +475,7 @@ public:
     {
         for (uint32_t row = share.begin; row < share.end; ++row) {
             uint64_t rowStart = static_cast<uint64_t>(row) * cols;
+            scale = scaleGm.GetValue(row);
             MapRow(rowStart, RowSum(rowStart));
         }
     }
@@ -605,100 +609,101 @@ private:
     AscendC::GlobalTensor<float> yGm;
     AscendC::GlobalTensor<float> gGm;
     AscendC::GlobalTensor<uint8_t> maskGm;
+    AscendC::GlobalTensor<float> scaleGm;
     AscendC::GlobalTensor<float> outGm;
     RowGeometry geo;
     Range share;
     uint32_t cols = 0;
-    float scale = 1.0f;
+    float scale = 1.0f;     // the current row's
     bool hasMask = false;
 };
 
 }  // namespace bitparity
 
-extern "C" __global__ __aicore__ void bitparity_logsumexp(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows,
-                                                          uint32_t cols, uint32_t hasMask, float scale)
+extern "C" __global__ __aicore__ void bitparity_logsumexp(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out,
+                                                          uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::LOGSUMEXP> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_log_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows,
-                                                            uint32_t cols, uint32_t hasMask, float scale)
+extern "C" __global__ __aicore__ void bitparity_log_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out,
+                                                            uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::LOG_SOFTMAX> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows,
-                                                        uint32_t cols, uint32_t hasMask, float scale)
+extern "C" __global__ __aicore__ void bitparity_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out,
+                                                        uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::SOFTMAX> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows,
-                                                        uint32_t cols, uint32_t hasMask, float scale)
+extern "C" __global__ __aicore__ void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out,
+                                                        uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::ENTROPY> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows,
-                                                               uint32_t cols, float scale)
+extern "C" __global__ __aicore__ void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR scale, GM_ADDR out,
+                                                               uint32_t rows, uint32_t cols)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::TOKEN_LOGPROBS> op;
-    op.Init(x, tokens, out, rows, cols, 0, scale);
+    op.Init(x, tokens, scale, out, rows, cols, 0);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
-                                                                   uint32_t rows, uint32_t cols, uint32_t hasMask,
-                                                                   float scale)
+extern "C" __global__ __aicore__ void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR g,
+                                                                   GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                   uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::LOGSUMEXP_BACKWARD> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.InitGradient(g, nullptr, rows);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
-                                                                     uint32_t rows, uint32_t cols, uint32_t hasMask,
-                                                                     float scale)
+extern "C" __global__ __aicore__ void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR scale, GM_ADDR g,
+                                                                     GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                     uint32_t hasMask)
 {
     bitparity::KernelSoftmaxOutputGrad<bitparity::OutputGradOp::LOG_SOFTMAX> op;
-    op.Init(y, mask, g, out, rows, cols, hasMask, scale);
+    op.Init(y, mask, scale, g, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out,
-                                                                 uint32_t rows, uint32_t cols, uint32_t hasMask,
-                                                                 float scale)
+extern "C" __global__ __aicore__ void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR scale, GM_ADDR g,
+                                                                 GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                 uint32_t hasMask)
 {
     bitparity::KernelSoftmaxOutputGrad<bitparity::OutputGradOp::SOFTMAX> op;
-    op.Init(p, mask, g, out, rows, cols, hasMask, scale);
+    op.Init(p, mask, scale, g, out, rows, cols, hasMask);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g,
-                                                                 GM_ADDR out, uint32_t rows, uint32_t cols,
-                                                                 uint32_t hasMask, float scale)
+extern "C" __global__ __aicore__ void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR h,
+                                                                 GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
+                                                                 uint32_t hasMask)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::ENTROPY_BACKWARD> op;
-    op.Init(x, mask, out, rows, cols, hasMask, scale);
+    op.Init(x, mask, scale, out, rows, cols, hasMask);
     op.InitGradient(g, h, rows);
     op.Process();
 }
 
-extern "C" __global__ __aicore__ void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR g,
-                                                                        GM_ADDR out, uint32_t rows, uint32_t cols,
-                                                                        float scale)
+extern "C" __global__ __aicore__ void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR scale,
+                                                                        GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                                                        uint32_t cols)
 {
     bitparity::KernelSoftmax<bitparity::SoftmaxOp::TOKEN_LOGPROBS_BACKWARD> op;
-    op.Init(x, tokens, out, rows, cols, 0, scale);
+    op.Init(x, tokens, scale, out, rows, cols, 0);
     op.InitGradient(g, nullptr, rows);
     op.Process();
 }
