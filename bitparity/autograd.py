@@ -42,8 +42,6 @@ ARGUMENTS = {
     "silu_mul": ("gate", "up"),
 }
 
-MODEL_BLOCKS = ("linear", "rms_norm", "rotary", "attention", "silu_mul", "moe")
-
 # Why an op has no backward, for the ops that are not model blocks.
 _NOT_DIFFERENTIABLE = {
     "log": "its derivative 1/x needs a general reciprocal, which spec 26 does not define; for "
@@ -61,12 +59,16 @@ _NOT_DIFFERENTIABLE = {
 
 def no_backward_error(op, argument):
     """The error for a tensor that requires grad reaching an op without a backward."""
-    if op in MODEL_BLOCKS:
-        return NotImplementedError(
-            f"bitparity.{op}: {argument} requires grad, but the backward of the model blocks (linear, rms_norm, "
-            f"rotary, attention, silu_mul, moe) lands with 'Train through bitparity'; spec 26 covers the softmax "
-            f"family and the RL losses. Call it under torch.no_grad() or on detached inputs until then.")
     return ValueError(f"bitparity.{op} is not differentiable: {argument} requires grad; {_NOT_DIFFERENTIABLE[op]}")
+
+
+def _backend_function(module, name):
+    """module.name, or a NotImplementedError naming the backend when it lacks a spec 29 backward."""
+    function = getattr(module, name, None)
+    if function is None:
+        raise NotImplementedError(f"the {module.NAME} backend has no {name} (spec 29) yet; train on a backend "
+                                  f"that has it")
+    return function
 
 
 def refuse_grad(op, **tensors):
@@ -138,6 +140,55 @@ def _topk(module, args, outs, grads, needs):
     return torch.zeros_like(x).scatter_(1, outs[1], grads[0]), None
 
 
+# -- The model blocks (spec 29) ------------------------------------------------------
+
+def _rows(n, device):
+    return torch.arange(n, dtype=torch.int64, device=device)
+
+
+def weight_grad(module, x, g, positions=None, rows=None):
+    """Spec 29.1-29.2: the row fold of g[i, n] * x[i, k] over the rows (at positions, default 0 ... M-1)."""
+    if positions is None:
+        positions, rows = _rows(x.shape[0], x.device), x.shape[0]
+    return _backend_function(module, "weight_grad")(x, g, positions, rows)
+
+
+def row_fold(module, c):
+    """Spec 29.1: the row fold of c [R, F] over its rows -> [F]."""
+    n = c.shape[0]
+    zeros = torch.zeros(n, dtype=torch.int64, device=c.device)
+    return _backend_function(module, "fold_rows")(c, zeros, _rows(n, c.device), n, 1)[0]
+
+
+def _linear(module, args, outs, grads, needs):
+    x, weight, bias = args
+    g = _dense(grads[0])
+    dx = module.linear(g, weight.t().contiguous(), None) if needs[0] else None
+    dw = weight_grad(module, x, g) if needs[1] else None
+    ones = torch.ones(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    db = weight_grad(module, ones, g)[:, 0] if bias is not None and needs[2] else None
+    return dx, dw, db
+
+
+def _rms_norm(module, args, outs, grads, needs):
+    x, weight, eps = args
+    dx, terms = _backend_function(module, "rms_norm_backward")(x, weight, eps, _dense(grads[0]))
+    return dx, (row_fold(module, terms) if needs[1] else None), None
+
+
+def _rotary(module, args, outs, grads, needs):
+    _, cos, sin = args
+    return module.rotary(_dense(grads[0]), cos, torch.neg(sin)), None, None      # spec 29.4: exact negation
+
+
+def _attention(module, args, outs, grads, needs):
+    return (*_backend_function(module, "attention_backward")(*args, _dense(grads[0])), None, None, None)
+
+
+def _silu_mul(module, args, outs, grads, needs):
+    return _backend_function(module, "silu_mul_backward")(*args, _dense(grads[0]))
+
+
 RULES = {
     "sum": (_sum, ("x",)),
     "logsumexp": (_from_inputs("logsumexp"), ("x",)),
@@ -151,6 +202,11 @@ RULES = {
     "kl_penalty": (_kl_penalty, ("logp", "ref_logp")),
     "ppo_policy_loss": (_ppo_policy_loss, ("logp",)),
     "topk": (_topk, ("x",)),
+    "linear": (_linear, ("x", "weight", "bias")),
+    "rms_norm": (_rms_norm, ("x", "weight")),
+    "rotary": (_rotary, ("x",)),
+    "attention": (_attention, ("q", "k", "v")),
+    "silu_mul": (_silu_mul, ("gate", "up")),
 }
 
 
@@ -195,3 +251,101 @@ def call(op, module, args):
             raise ValueError(f"bitparity.{op}: {name} requires grad but is not differentiable "
                              f"(differentiable: {', '.join(differentiable)}); pass {name}.detach()")
     return _BackendNode.apply(op, module, *args)
+
+
+# -- Composite ops: the token embedding and moe (spec 29.7, 29.8) ---------------------
+
+class _Embedding(torch.autograd.Function):
+    """h = weight[tokens], an exact gather; dweight[v] = the row fold of the rows whose token is v (spec 29.8)."""
+
+    @staticmethod
+    def forward(ctx, module, tokens, weight):
+        ctx.module, ctx.vocab = module, weight.shape[0]
+        ctx.save_for_backward(tokens)
+        return weight.detach()[tokens]
+
+    @staticmethod
+    def backward(ctx, g):
+        (tokens,) = ctx.saved_tensors
+        g = _dense(g)
+        fold = _backend_function(ctx.module, "fold_rows")
+        return None, None, fold(g, tokens, _rows(tokens.shape[0], g.device), tokens.shape[0], ctx.vocab)
+
+
+def embedding(module, tokens, weight):
+    """tokens int64 [M] (checked by ops.py), weight f32 [V, D] -> [M, D], differentiable in weight."""
+    if torch.is_grad_enabled() and weight.requires_grad and module.NAME != "native":
+        return _Embedding.apply(module, tokens, weight)
+    return weight[tokens]
+
+
+def _moe_forward(module, x, router, gate, up, down, top_k):
+    """Spec 24.6, keeping what the backward reads: (out [M, D], weights [M, k], chosen [M, k], per-expert
+    (token, slot, h, z, u, act) for the experts with tokens, outputs [M, k, D])."""
+    logits = module.linear(x, router, None)                                        # [M, E]
+    top_logits, chosen = module.topk(logits, top_k)                                # [M, k], rank order
+    ones = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
+    weights = module.softmax(top_logits.contiguous(), None, ones)                  # [M, k]
+    outputs = torch.empty(x.shape[0], top_k, x.shape[1], dtype=torch.float32, device=x.device)   # [M, k, D]
+    routed = {}
+    for e in range(router.shape[0]):
+        token, slot = torch.nonzero(chosen == e, as_tuple=True)                    # token ascending
+        if token.numel() == 0:
+            continue
+        h = x[token]
+        z, u = module.linear(h, gate[e], None), module.linear(h, up[e], None)
+        act = module.silu_mul(z.reshape(-1), u.reshape(-1)).reshape(z.shape)
+        outputs[token, slot] = module.linear(act, down[e], None)
+        routed[e] = (token, slot, h, z, u, act)
+    weighted = weights[:, :, None] * outputs                                       # one multiply per term
+    out = module.sum(weighted.transpose(1, 2).reshape(-1, top_k).contiguous(), None).reshape(x.shape)
+    return out, weights, chosen, routed, outputs
+
+
+class _Moe(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, module, top_k, x, router, gate, up, down):
+        ctx.module, ctx.top_k = module, top_k
+        ctx.save_for_backward(x, router, gate, up, down)
+        return _moe_forward(module, x.detach(), router.detach(), gate.detach(), up.detach(), down.detach(), top_k)[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        """Spec 29.7, every step a backend op on the forward's recomputed bits or exact data movement."""
+        m = ctx.module
+        x, router, gate, up, down = ctx.saved_tensors
+        g = _dense(g)
+        tokens, width = x.shape
+        _, weights, chosen, routed, outputs = _moe_forward(m, x, router, gate, up, down, ctx.top_k)
+        k = ctx.top_k
+        d_weights = m.sum((g[:, None, :] * outputs).reshape(-1, width), None).reshape(tokens, k)    # dwt_s
+        big_g = m.sum((d_weights * weights).contiguous(), None)                                   # G
+        d_top = weights * (d_weights - big_g[:, None])                                            # dlt_s
+        d_logits = torch.zeros(tokens, router.shape[0], dtype=torch.float32, device=x.device).scatter_(1, chosen, d_top)
+        d_outputs = g[:, None, :] * weights[:, :, None]                                           # dy_s
+        terms = torch.empty(tokens, 1 + 2 * k, width, dtype=torch.float32, device=x.device)
+        terms[:, 0] = m.linear(d_logits, router.t().contiguous(), None)                           # r
+        grads = [weight_grad(m, x, d_logits)] + [torch.full_like(w, -0.0) for w in (gate, up, down)]
+        silu_backward = _backend_function(m, "silu_mul_backward")
+        for e, (token, slot, h, z, u, act) in routed.items():
+            dy = d_outputs[token, slot].contiguous()
+            da = m.linear(dy, down[e].t().contiguous(), None)
+            dz, du = (t.reshape(z.shape) for t in silu_backward(z.reshape(-1), u.reshape(-1), da.reshape(-1)))
+            terms[token, 1 + 2 * slot] = m.linear(dz, gate[e].t().contiguous(), None)
+            terms[token, 2 + 2 * slot] = m.linear(du, up[e].t().contiguous(), None)
+            grads[1][e] = weight_grad(m, h, dz, token, tokens)
+            grads[2][e] = weight_grad(m, h, du, token, tokens)
+            grads[3][e] = weight_grad(m, act, dy, token, tokens)
+        dx = m.sum(terms.transpose(1, 2).reshape(-1, 1 + 2 * k).contiguous(), None).reshape(x.shape)
+        return (None, None, dx, *grads)
+
+
+def moe(module, x, router, gate, up, down, top_k):
+    """Spec 24.6's block on dense float32 inputs, differentiable in all five tensors (spec 29.7)."""
+    tensors = (x, router, gate, up, down)
+    if module.NAME == "native":                                  # torch's own autograd through torch's ops
+        return _moe_forward(module, *tensors, top_k)[0]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _Moe.apply(module, top_k, *tensors)
+    return _moe_forward(module, *(t.detach() for t in tensors), top_k)[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from . import __version__
 from .backends import NAMES, availability
 from .compare import bench, cli_common, diff, golden, probe, report, schema
 from .compare import plots as plotting    # draws nothing, and needs no matplotlib, until asked
@@ -27,6 +28,16 @@ def _fail(command, message):
     """Exit status 2 (bad input) with `bitparity <command>: message` on stderr."""
     print(f"bitparity {command}: {message}", file=sys.stderr)
     return 2
+
+
+def _unavailable(command, names):
+    """_fail's status 2 for the first backend of names that cannot run here, with backends()'s reason; else None.
+    Checked before anything runs, so every command refuses an unavailable backend the same way."""
+    for name in names:
+        available, reason = availability(name)
+        if not available:
+            return _fail(command, f"backend {name} is not available here: {reason}")
+    return None
 
 
 def _writable(path):
@@ -90,6 +101,9 @@ def _add_compare_parser(sub):
 # -- verify -------------------------------------------------------------------------
 
 def _verify(args):
+    refused = _unavailable("verify", [args.backend])
+    if refused:
+        return refused
     path = args.golden or golden.default_path()
     try:
         doc = golden.load(path)
@@ -121,7 +135,8 @@ def _add_verify_parser(sub):
     p.add_argument("--backend", required=True, choices=NAMES)
     cli_common.add_tier_args(p)
     cli_common.add_format_args(p)
-    p.add_argument("--golden", help="golden digest file (default: tests/golden/spec-v<SPEC_VERSION>.json)")
+    p.add_argument("--golden", help="golden digest file of the published spec release (default: the one bitparity "
+                                    "ships, bitparity/golden/spec-v<SPEC_VERSION>.json)")
     p.set_defaults(func=_verify)
 
 
@@ -218,11 +233,11 @@ def _print_or_write(text, out):
 
 
 def _probe(args):
-    try:
-        findings = probe.probe(args.backend)
-    except ImportError as err:               # triton or torch_npu missing for --backend cuda or ascend
-        return _fail("probe", f"--backend {args.backend} needs {err.name or 'a missing package'}: {err}")
-    _print_or_write(probe.render(findings, args.format, args.backend), args.out)
+    # probe's cpu target is numpy and torch on the host CPU, not the compiled `cpu` backend: it needs no build.
+    refused = args.backend != "cpu" and _unavailable("probe", [args.backend])
+    if refused:
+        return refused
+    _print_or_write(probe.render(probe.probe(args.backend), args.format, args.backend), args.out)
     return 0
 
 
@@ -237,6 +252,9 @@ def _add_probe_parser(sub):
 
 
 def _bench(args):
+    refused = _unavailable("bench", args.backend or ())
+    if refused:
+        return refused
     backends = args.backend or [b for b in bench.BENCH_BACKENDS if availability(b)[0]]
     try:
         bench.check(backends, args.op or list(OPS), cli_common.tier(args), args.repeats, args.warmup)
@@ -269,11 +287,15 @@ def _agreement_rows(doc):
              f"{doc[key]['percent']:.1f}") for name, key in (("log-prob", "logprob"), ("value", "value"))]
 
 
-def _rl_report(doc, label):
+def _rl_table(doc, label):
     table = tabulate(_agreement_rows(doc), headers=(f"{label}: rollout vs trainer", "max abs diff", "bitwise equal",
                                                     "%"), tablefmt="github")
     return (f"{table}\nloss {doc['loss']!r}, clip fraction {doc['clip_fraction']!r}; PPO ratio exactly 1 on every "
-            f"token: {'yes' if doc['ratio_exactly_one'] else 'NO'}\ndigest (sha256): {doc['digest']}")
+            f"token: {'yes' if doc['ratio_exactly_one'] else 'NO'}")
+
+
+def _rl_report(doc, label):
+    return f"{_rl_table(doc, label)}\ndigest (sha256): {doc['digest']}"
 
 
 def _rl_check(args):
@@ -281,12 +303,22 @@ def _rl_check(args):
 
     if not 0 <= args.seed < 2**31:
         return _fail("rl-check", f"--seed must be in [0, 2**31); got {args.seed}")
-    available, reason = availability(args.backend)
-    if not available:
-        return _fail("rl-check", f"--backend {args.backend} is not available here: {reason}")
+    refused = _unavailable("rl-check", [args.backend])
+    if refused:
+        return refused
     why = args.json and _writable(args.json)
     if why:
         return _fail("rl-check", f"--json {why}")
+    if args.steps < 1 or args.micro_batch < 1 or args.micro_batch & (args.micro_batch - 1):
+        return _fail("rl-check", f"--steps must be >= 1 and --micro-batch a power of two; got {args.steps}, "
+                                 f"{args.micro_batch}")
+    if args.world_size not in (1, 2, 4, 8):
+        return _fail("rl-check", f"--world-size must be 1, 2, 4 or 8 (a power of two: spec 28.1's blocks); got "
+                                 f"{args.world_size}")
+    if args.world_size > 1 and args.native:
+        return _fail("rl-check", "--native compares one process's weights: use it without --world-size")
+    if args.steps > 1 or args.world_size > 1:
+        return _rl_train(args)
     doc, _ = check.check(args.backend, args.seed, native=args.native, correction=args.rollout_correction)
     doc["spec_version"] = SPEC_VERSION
     c = doc["config"]
@@ -320,6 +352,44 @@ def _rl_check(args):
     return 1 if args.backend != "native" and not canonical_ok else 0
 
 
+def _rl_train(args):
+    """rl-check --steps N (N >= 2): N rollout-and-update iterations (spec 29.13), then the weights digest."""
+    from .rl import check
+
+    if args.rollout_correction is not None:
+        return _fail("rl-check", "--rollout-correction reports one step: use it without --steps")
+    try:
+        doc = check.train_check(args.backend, args.seed, args.steps, args.micro_batch, native=args.native,
+                                world_size=args.world_size)
+    except RuntimeError as error:                # a rank failed or timed out: its message, no traceback
+        print(f"bitparity rl-check: {error}", file=sys.stderr)
+        return 1
+    doc["spec_version"] = SPEC_VERSION
+    u = doc["update"]
+    ranks = f", data-parallel on {args.world_size} gloo ranks (127.0.0.1)" if args.world_size > 1 else ""
+    print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}, {args.steps} steps"
+          f"{ranks}\n"
+          f"update: AdamW lr {u['lr']}, betas {tuple(u['betas'])}, eps {u['eps']}, weight decay {u['weight_decay']}; "
+          f"clip {u['max_grad_norm']}; micro-batches of {u['micro_batch']} sequences (spec 29.13)")
+    for row in doc["per_step"]:
+        print(f"\nstep {row['step']}: {row['requests']} requests\n" + _rl_table(row, args.backend)
+              + f"\ngradient norm {row['grad_norm']!r} (clipped to {u['max_grad_norm']}); weights after the update "
+              f"(sha256): {row['weights_digest']}")
+    print(f"\nweights digest (sha256): {doc['weights_digest']}")
+    if doc["published_weights_digest"] is not None:
+        print(f"spec 29.13's weights digest for seed {args.seed}, {args.steps} steps: "
+              f"{'matches' if doc['matches_published'] else 'DIFFERS'}")
+    if args.native:
+        native = doc["native"]
+        print(f"\nnative (torch's ops, AdamW, clip and accumulation): weights digest {native['weights_digest']}; "
+              f"max |weight - canonical weight| after {args.steps} steps: {native['max_abs_weight_drift']:.3g}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    return 1 if args.backend != "native" and not (doc["consistent"] and doc["matches_published"] is not False) else 0
+
+
 def _add_rl_check_parser(sub):
     p = sub.add_parser("rl-check", help="one RL step on TinyMoEPolicy: rollout vs trainer log-probs and values, "
                                         "bit for bit")
@@ -329,6 +399,13 @@ def _add_rl_check_parser(sub):
     p.add_argument("--native", action="store_true", help="also run the identical model on torch's own ops and "
                    "tabulate its mismatch by rollout batch cap and trainer micro-batch")
     p.add_argument("--seed", type=int, default=0, help="model, prompt and sampling seed (default 0)")
+    p.add_argument("--steps", type=int, default=1, help="RL iterations: rollout, trainer step, then (from 2 on) a "
+                   "PPO update through spec 29's backward and AdamW before the next rollout; prints each step and the "
+                   "weights digest (default 1: one step, no update)")
+    p.add_argument("--world-size", type=int, default=1, help="run the updates data-parallel on this many gloo "
+                   "processes on 127.0.0.1 (1, 2, 4 or 8; spec 28.1): the same weights digest as one process")
+    p.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch of the update, a power of "
+                   "two (default 4); the weights do not depend on it")
     p.add_argument("--json", metavar="FILE", help="write the report to FILE as JSON")
     p.add_argument("--rollout-correction", metavar="LEVEL,MODE,THRESHOLD[,LOW]", type=_correction,
                    help="also report the mismatch metrics and the fraction of tokens this rollout correction "
@@ -353,10 +430,29 @@ def _correction(text):
             **({"threshold_low": bounds[1]} if len(bounds) == 2 else {})}
 
 
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that reports an argument it does not know itself, with its own usage.
+
+    argparse's subparsers action parses a subcommand's arguments with parse_known_args and hands what
+    it does not know up to the top-level parser, whose error then shows `bitparity`'s usage instead of
+    the subcommand's."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+DESCRIPTION = ("Check that bitparity's operators give the same float32 bits on every backend here, and against the "
+               "golden digests of the spec (docs/spec.md).")
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="bitparity", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="bitparity", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"bitparity {__version__} (spec {SPEC_VERSION})")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubcommandParser)
     for add in (_add_compare_parser, _add_verify_parser, _add_diff_parser, _add_probe_parser, _add_bench_parser,
                 _add_backends_parser, _add_demo_parser, _add_rl_check_parser):
         add(sub)

@@ -89,51 +89,54 @@ def _call(op, backend, x, *args):
 
 
 def sum(x, mask=None, *, backend=None):  # noqa: A001 - mirrors torch.sum
-    """Canonical sum over the last dimension; masked entries count as -0.0, the additive identity.
-    Differentiable in x (spec 26.11)."""
+    """Canonical sum over the last dimension (spec 3): x [..., N] float32, bfloat16 or float16 (upcast exactly),
+    mask optional bool of x's shape (True = counts) -> float32 [...].
+
+    Masked entries count as -0.0, the additive identity: a fully masked row gives -0.0; +inf with -inf gives
+    NaN. Same bits on numpy, cpu, cuda and ascend; native runs torch's op. Differentiable in x (spec 26.11)."""
     _check_float_tensor("x", x, 1)
     rows_mask = _check_mask(mask, x)
     return _call("sum", backend, _rows(x), rows_mask).reshape(x.shape[:-1])
 
 
-def _scaled_rows(x, temperature):
-    """(rows, scale) for a backend call: a scalar temperature goes to the backend as its scale; a per-row
-    temperature tensor is applied here as one float32 multiply w = x * scale_row (the multiply every
-    backend performs, spec 8.1), and the backend gets scale 1.0, which leaves w unchanged."""
-    rows = _rows(x)
-    if not isinstance(temperature, torch.Tensor):
-        return rows, inverse_temperature(temperature)
-    scale, _ = _row_scales(temperature, x, allow_zero=False)
-    return rows * scale[:, None], 1.0
-
-
 def _softmax_family(op, x, mask, temperature, backend):
+    """The backend's op with one scale per row (f32 [R]; a scalar temperature fills every row): the backend
+    applies w = x * scale_r as it reads x (spec 8.1), so no scaled copy of the logits is made."""
     _check_float_tensor("x", x, 1)
     rows_mask = _check_mask(mask, x)
-    rows, scale = _scaled_rows(x, temperature)
-    return _call(op, backend, rows, rows_mask, scale)
+    scale, _ = _row_scales(temperature, x, allow_zero=False)
+    return _call(op, backend, _rows(x), rows_mask, scale)
 
 
 def logsumexp(x, mask=None, temperature=1.0, *, backend=None):
-    """log(sum(exp(x / temperature))) over the last dimension; -inf for a fully masked row.
+    """log(sum(exp(x / temperature))) over the last dimension (spec 8): x [..., N] -> float32 [...].
 
-    In this op and the rest of the softmax family, temperature is a scalar or a tensor of shape
-    x.shape[:-1] (one per row). The family is differentiable in x (spec 26); temperature and mask are not."""
+    In this op and the rest of the softmax family: x is float32, bfloat16 or float16 (upcast exactly) and the
+    result float32; mask, optional, is bool of x's shape (True = counts); temperature is a scalar or a tensor
+    of shape x.shape[:-1] (one per row), finite and > 0. Special values (spec 9): a fully masked or all -inf
+    row gives logsumexp -inf, log_softmax -inf, softmax 0, entropy +0; an unmasked NaN or +inf makes every
+    output of its row NaN; a masked one changes nothing. Same bits on numpy, cpu, cuda and ascend; native runs
+    torch's ops. The family is differentiable in x (spec 26); temperature and mask are not."""
     return _softmax_family("logsumexp", x, mask, temperature, backend).reshape(x.shape[:-1])
 
 
 def log_softmax(x, mask=None, temperature=1.0, *, backend=None):
-    """Masked log-softmax over the last dimension: masked entries and fully masked rows give -inf."""
+    """Masked log-softmax over the last dimension (spec 8.3): x [..., N] -> float32 [..., N]; masked entries and
+    fully masked rows give -inf. Arguments, special values and backends as logsumexp's. Differentiable in x."""
     return _softmax_family("log_softmax", x, mask, temperature, backend).reshape(x.shape)
 
 
 def softmax(x, mask=None, temperature=1.0, *, backend=None):
-    """Masked softmax over the last dimension: masked entries and fully masked rows give 0."""
+    """Masked softmax over the last dimension (spec 8.3): x [..., N] -> float32 [..., N]; masked entries and
+    fully masked rows give 0. Arguments, special values and backends as logsumexp's. Differentiable in x."""
     return _softmax_family("softmax", x, mask, temperature, backend).reshape(x.shape)
 
 
 def entropy(logits, mask=None, temperature=1.0, *, backend=None):
-    """Entropy of softmax(logits / temperature) per row, as sum p * (log S - (w - max)); 0 for a fully masked row."""
+    """Entropy of softmax(logits / temperature) per row, as sum p * (log S - (w - max)) (spec 8.4):
+    logits [..., N] -> float32 [...]; +0.0 for a fully masked row. Arguments, special values and backends as
+    logsumexp's. Differentiable in logits."""
+    _check_float_tensor("logits", logits, 1)            # by its own name; _softmax_family checks it as x
     return _softmax_family("entropy", logits, mask, temperature, backend).reshape(logits.shape[:-1])
 
 
@@ -151,10 +154,12 @@ def _check_index_tensor(name, t, shape_name, shape, device, owner="logits'"):
 
 
 def token_logprobs(logits, tokens, temperature=1.0, *, backend=None):
-    """log_softmax(logits / temperature) at each chosen token: logits [..., V], tokens int64 [...] -> [...].
+    """log_softmax(logits / temperature) at each chosen token, bit for bit (spec 8.3): logits [..., V] float32,
+    bfloat16 or float16, tokens int64 [...] in [0, V) -> float32 [...].
 
-    temperature is a scalar or a tensor of shape tokens.shape (one per row). Differentiable in logits
-    (spec 26.6); tokens and temperature are not."""
+    temperature is a scalar or a tensor of shape tokens.shape (one per row), finite and > 0. A row whose
+    logits are all -inf gives -inf; a NaN or +inf logit gives NaN (spec 9). Same bits on numpy, cpu, cuda and
+    ascend; native runs torch's ops. Differentiable in logits (spec 26.6); tokens and temperature are not."""
     _check_float_tensor("logits", logits, 1)
     _check_index_tensor("tokens", tokens, "logits.shape[:-1]", logits.shape[:-1], logits.device)
     vocab = logits.shape[-1]
@@ -163,8 +168,8 @@ def token_logprobs(logits, tokens, temperature=1.0, *, backend=None):
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
         raise ValueError(f"tokens must lie in [0, {vocab}) (the vocabulary size); got {bad}")
-    rows, scale = _scaled_rows(logits, temperature)
-    return _call("token_logprobs", backend, rows, flat, scale).reshape(tokens.shape)
+    scale, _ = _row_scales(temperature, logits, allow_zero=False)
+    return _call("token_logprobs", backend, _rows(logits), flat, scale).reshape(tokens.shape)
 
 
 def _elementwise(op, x, backend):
@@ -174,12 +179,18 @@ def _elementwise(op, x, backend):
 
 
 def exp(x, *, backend=None):
-    """The portable float32 exp of docs/spec.md (max error below 1 ulp), element-wise. Differentiable in x."""
+    """The portable float32 exp of docs/spec.md (spec 5, max error below 1 ulp), element-wise: x of any shape,
+    float32, bfloat16 or float16 -> float32 of x's shape. exp(+-0) = 1; +inf and x > 88.7228317 (0x42B17217)
+    give +inf; -inf and x <= -103.972084 (0xC2CFF1B5) give +0; NaN gives NaN. Same bits on numpy, cpu, cuda and
+    ascend; native runs torch.exp. Differentiable in x."""
     return _elementwise("exp", x, backend)
 
 
 def log(x, *, backend=None):
-    """The portable float32 log of docs/spec.md (max error below 1 ulp), element-wise. Not differentiable:
+    """The portable float32 log of docs/spec.md (spec 6, max error below 1 ulp), element-wise: x of any shape,
+    float32, bfloat16 or float16 -> float32 of x's shape. log(+-0) = -inf; x < 0 and -inf give NaN; log(+inf)
+    = +inf; log(1) = +0; subnormal inputs are exact; NaN gives NaN. Same bits on numpy, cpu, cuda and ascend;
+    native runs torch.log. Not differentiable:
     spec 26 defines no general reciprocal for 1/x (use log_softmax or token_logprobs for log-probabilities)."""
     return _elementwise("log", x, backend)
 
@@ -251,9 +262,11 @@ def _flat(x):
 
 
 def masked_mean(x, mask, dim=None, *, backend=None):
-    """Mean of x over entries where mask is True: over everything (dim=None, a 0-d result) or along dim.
+    """Mean of x over entries where mask is True (spec 15.1): over everything (dim=None, a 0-d result) or along
+    dim (x's shape without dim): x float32, bfloat16 or float16, mask bool of x's shape -> float32.
 
-    An all-masked reduction gives +0.0 (verl divides by count + 1e-8, which gives 0 too). Differentiable in x.
+    An all-masked reduction gives +0.0 (verl divides by count + 1e-8, which gives 0 too). Same bits on numpy,
+    cpu, cuda and ascend; native runs torch's ops. Differentiable in x.
     """
     _check_float_tensor("x", x, 1)
     _required_mask(mask, x)
@@ -267,11 +280,14 @@ def masked_mean(x, mask, dim=None, *, backend=None):
 
 
 def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, eps_mode="add", backend=None):
-    """(x - mean) * rsqrt(var + eps) over all entries where mask is True (verl/TRL's masked_whiten).
+    """(x - mean) * rsqrt(var + eps) over all entries where mask is True (verl/TRL's masked_whiten, spec 15.3):
+    x float32, bfloat16 or float16, mask bool of x's shape -> float32 of x's shape.
 
     unbiased=True divides the sum of squares by count - 1 (TRL, verl), False by count (OpenRLHF);
     eps_mode="clamp" takes rsqrt(max(var, eps)) instead (OpenRLHF); shift_mean=False adds the mean back.
-    Entries where mask is False come out as 0.0, so an all-masked input gives all zeros. Differentiable in x.
+    Entries where mask is False come out as 0.0, so an all-masked input gives all zeros; a single counted
+    entry whitens to 0. eps rounds to a normal float32. Same bits on numpy, cpu, cuda and ascend; native runs
+    torch's ops. Differentiable in x.
     """
     _check_float_tensor("x", x, 1)
     _required_mask(mask, x)
@@ -286,11 +302,13 @@ def masked_whiten(x, mask, *, shift_mean=True, unbiased=True, eps=1e-8, eps_mode
 
 
 def kl_penalty(logp, ref_logp, kind, *, clamp=None, log_ratio_clamp=None, backend=None):
-    """KL estimators of d = ref_logp - logp, element-wise (verl's convention): k1 = -d, abs = |d|,
-    k2 = d^2 / 2, k3 = e^d - d - 1 (computed without cancellation for small |d|).
+    """KL estimators of d = ref_logp - logp, element-wise (verl's convention, spec 16): k1 = -d, abs = |d|,
+    k2 = d^2 / 2, k3 = e^d - d - 1 (computed without cancellation for small |d|). logp and ref_logp of one
+    shape, float32, bfloat16 or float16 -> float32 of that shape.
 
-    log_ratio_clamp clamps d to [-c, c] first; clamp clamps the result to [-c, c]. verl's
-    low_var_kl is kind="k3", log_ratio_clamp=20, clamp=10. Differentiable in logp and ref_logp (spec 26.9).
+    log_ratio_clamp clamps d to [-c, c] first; clamp clamps the result to [-c, c]; both propagate NaN, and
+    k3 of d = +inf is +inf. verl's low_var_kl is kind="k3", log_ratio_clamp=20, clamp=10. Same bits on numpy,
+    cpu, cuda and ascend; native runs torch's ops. Differentiable in logp and ref_logp (spec 26.9).
     """
     _check_float_tensor("logp", logp, 0)
     _check_same_shape("ref_logp", ref_logp, "logp", logp)
@@ -303,12 +321,15 @@ def kl_penalty(logp, ref_logp, kind, *, clamp=None, log_ratio_clamp=None, backen
 
 
 def gae(rewards, values, mask=None, gamma=1.0, lam=1.0, *, bootstrap=None, mask_mode="carry", backend=None):
-    """Generalised advantage estimation by the reverse recurrence: [B, T] -> (advantages, returns).
+    """Generalised advantage estimation by the reverse recurrence (spec 14): rewards and values [B, T] float32,
+    bfloat16 or float16, mask bool [B, T] (default all True) -> (advantages, returns), float32 [B, T] each.
 
     mask_mode="carry" (verl): masked positions are skipped; they pass the next value and advantage
     through and report the carried advantage. mask_mode="zero" (TRL, OpenRLHF): rewards and values
     are zeroed where masked, the recurrence runs through every position, and masked outputs are 0.
     bootstrap [B] is the value after the last position (default 0). Returns are advantages + values.
+    gamma and lam lie in [0, 1]. A NaN or inf at a masked position never reaches a counted one (selects, not
+    multiplies by the mask). Same bits on numpy, cpu, cuda and ascend; native runs torch's ops.
     Not differentiable (advantages are targets): pass rewards and values detached.
     """
     _check_float_tensor("rewards", rewards, 2)
@@ -335,12 +356,15 @@ def gae(rewards, values, mask=None, gamma=1.0, lam=1.0, *, bootstrap=None, mask_
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2, dual_clip=None,
                     ratio_clamp=20.0, agg="token-mean", backend=None):
-    """verl's clipped PPO surrogate: [B, T] inputs -> (loss, clip fraction), both 0-d.
+    """verl's clipped PPO surrogate (spec 17): logp, old_logp, advantages [B, T] float32, bfloat16 or float16,
+    mask bool [B, T] -> (loss, clip fraction), both 0-d float32.
 
     The log-ratio is clamped to [-ratio_clamp, ratio_clamp] before exp; the ratio is clipped to
     [1 - clip_low, 1 + clip_high]; dual_clip c (> 1) bounds the loss of negative advantages by
     -c * advantage. agg is verl's loss_agg_mode; the seq-mean modes average over the non-empty sequences.
-    The clip fraction counts valid tokens where the clipped loss exceeds the unclipped one. The loss is
+    The clip fraction counts valid tokens where the clipped loss exceeds the unclipped one. An all-masked
+    batch gives +0.0 for both; NaN propagates. Same bits on numpy, cpu, cuda and ascend; native runs torch's
+    ops. The loss is
     differentiable in logp (spec 26.10); old_logp and advantages are constants, the clip fraction has no gradient.
     """
     _check_float_tensor("logp", logp, 2)
@@ -371,7 +395,8 @@ ROLLOUT_MODES = ("truncate", "mask")
 def rollout_correction(old_logp, rollout_logp, mask, *, level="token", mode="truncate", threshold=2.0,
                        threshold_low=None, log_ratio_clamp=None, backend=None):
     """Importance weights for tokens the rollout engine sampled (spec 27): [B, T] log-probabilities of the
-    trainer (old_logp) and of the rollout -> (weights f32 [B, T], keep bool [B, T]).
+    trainer (old_logp) and of the rollout, float32, bfloat16 or float16, mask bool [B, T] -> (weights f32 [B, T],
+    keep bool [B, T]).
 
     The ratio pi_train / pi_rollout is exp(old_logp - rollout_logp) per token (level="token"), exp of the
     sequence's masked sum of log-ratios ("sequence") or of their masked mean ("geometric"), the latter two
@@ -379,7 +404,10 @@ def rollout_correction(old_logp, rollout_logp, mask, *, level="token", mode="tru
     min(max(ratio, threshold_low), threshold) and keeps it; mode="mask" (MIS, IcePop, rejection) keeps a
     token, or a whole sequence, iff threshold_low <= ratio <= threshold and weighs it by the ratio, else 0.
     threshold_low None is no lower bound; log_ratio_clamp clamps the log-ratio first (verl: 20). Tokens
-    outside mask get weight 0 and keep False. Not differentiable: every peer treats the weights as constants.
+    outside mask get weight 0 and keep False; an empty sequence has ratio 1. rollout_logp = -inf gives ratio
+    +inf (truncated to threshold, or dropped), old_logp = -inf ratio 0; a NaN log-probability gives a NaN weight
+    under truncate and is dropped under mask. Same bits on numpy, cpu, cuda and ascend (their exp, sum and
+    masked_mean); native runs torch's. Not differentiable: every peer treats the weights as constants.
     """
     _check_float_tensor("old_logp", old_logp, 2)
     if old_logp.dim() != 2:
@@ -496,7 +524,9 @@ def _positive_int(name, value, high=None, why=""):
 
 def topk(x, k, *, backend=None):
     """The k largest values of each row and their int64 indices, by value descending then index ascending
-    (spec 21: -0.0 == +0.0, -inf below every number, NaN below -inf): x [..., N] -> ([..., k], [..., k]).
+    (spec 21: -0.0 == +0.0, -inf below every number, NaN below -inf): x [..., N] float32, bfloat16 or float16,
+    1 <= k <= N -> (values float32 [..., k], indices int64 [..., k]). Values keep their bits (-0.0 stays -0.0).
+    Same on numpy, cpu, cuda and ascend; native runs torch.topk, whose order of ties and NaN may differ.
     The values are differentiable in x (their gradient placed at the indices); the indices are not."""
     _check_float_tensor("x", x, 1)
     k = _positive_int("k", k, x.shape[-1], " (the row length)")
@@ -509,9 +539,11 @@ def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bac
     """vLLM v1's filters in its order (spec 21): w = logits * RN32(1 / RN32(temperature)), then min-p,
     top-k (ties with the k-th value stay), top-p (keep t iff the kept mass ranked above t is < p times
     the kept mass); removed tokens are -inf. A row holding NaN or +inf comes out all NaN.
+    logits [..., V] float32, bfloat16 or float16 -> float32 [..., V].
 
-    Each parameter is a scalar or a tensor of shape logits.shape[:-1]; top_k = 0, top_p = 1 and
-    min_p = 0 switch a filter off. Not differentiable (a selection).
+    Each parameter is a scalar or a tensor of shape logits.shape[:-1]: temperature finite and > 0, top_k an
+    integer >= 0, top_p in (0, 1], min_p in [0, 1]; top_k = 0, top_p = 1 and min_p = 0 switch a filter off.
+    Same bits on numpy, cpu, cuda and ascend; native runs torch's ops. Not differentiable (a selection).
     """
     _check_float_tensor("logits", logits, 1)
     scale, _ = _row_scales(temperature, logits, allow_zero=False)
@@ -522,14 +554,17 @@ def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bac
 def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logprobs="processed",
            backend=None):
     """One token per row by the exponential race over filter_logits(...) with Philox noise of
-    (seed, position, token index) only (spec 19-22): logits [B, V] -> (tokens int64 [B], logprobs f32 [B]).
+    (seed, position, token index) only (spec 19-22): logits [B, V] float32, bfloat16 or float16, seeds and
+    positions int64 [B] (positions >= 0) -> (tokens int64 [B], logprobs f32 [B]). temperature, top_k, top_p
+    and min_p are scalars or tensors [B], as filter_logits takes them.
 
     temperature 0 (a scalar, or per row) is greedy: the lowest-index maximum, with no filters. A row with
     no distribution (a NaN or +inf logit, or every logit -inf) gives token -1. logprobs names the
     distribution whose log-probability is returned (spec 22.1): "processed" (what was sampled from,
     after temperature and filters), "scaled" (temperature only, what RL trainers recompute) or "raw"
     (the model's logits, vLLM's default); greedy rows get the raw one under every name; -1 rows get NaN
-    (a NaN or +inf logit) or -inf. Not differentiable: recompute log-probabilities with token_logprobs.
+    (a NaN or +inf logit) or -inf. Same bits on numpy, cpu, cuda and ascend; native is vLLM's method with
+    torch's random numbers. Not differentiable: recompute log-probabilities with token_logprobs.
     """
     _check_float_tensor("logits", logits, 2)
     if logits.dim() != 2:
@@ -547,10 +582,14 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     # spec 22.1: each kind is token_logprobs of one distribution; greedy rows have scale 1.0 and no
     # filters, so all three kinds are the raw log-probability there.
     if logprobs == "processed":
-        dist = torch.where(greedy[:, None], x, _call("filter_logits", backend, x, scale, *filters))
+        dist = _call("filter_logits", backend, x, scale, *filters)            # a new tensor: written in place
+        if bool(greedy.any()):                    # not a full-size torch.where, which runs on torch's threads
+            dist[greedy] = x[greedy]
     else:
-        dist = x * scale[:, None] if logprobs == "scaled" else x
-    out = _call("token_logprobs", backend, dist, tokens.clamp(min=0), 1.0)
+        dist = x
+    # "scaled" hands token_logprobs the row scales, applied as it reads x: no scaled copy of the logits.
+    dist_scale = scale if logprobs == "scaled" else torch.ones_like(scale)
+    out = _call("token_logprobs", backend, dist, tokens.clamp(min=0), dist_scale)
     none = tokens < 0
     if bool(none.any()):
         # No token: NaN where the scaled logits hold a NaN or +inf, else -inf (every logit -inf).
@@ -575,7 +614,7 @@ def _length_factors(lengths, length_penalty, beam_scores):
         return None
     _check_index_tensor("lengths", lengths, "beam_scores.shape", beam_scores.shape, beam_scores.device,
                         "beam_scores'")
-    n = lengths.cpu().numpy()
+    n = lengths.resolve_neg().cpu().numpy()                 # numpy refuses a lazily negated view
     _reject("lengths", n, n >= 1, ">= 1")
     factor = length_factor(n, length_penalty)
     _reject("length_penalty", np.full(factor.shape, length_penalty),
@@ -592,6 +631,11 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
     over its W * V are ranked by cand (or by cand * RN32(lengths ** -length_penalty) when lengths, the
     length of each beam's candidates, is given), ties to the lowest flat index w * V + v. The scores
     returned are cand, the running sums of log-probabilities. Requests are independent, bit for bit.
+
+    beam_scores and logits float32, bfloat16 or float16 (scores out float32); lengths int64 >= 1 of
+    beam_scores' shape; 1 <= beam_width <= V. A -inf logit gives a -inf candidate; NaN ranks below -inf
+    (spec 21). Same bits on numpy, cpu, cuda and ascend; native runs torch's ops. Not differentiable (a
+    selection): recompute log-probabilities with token_logprobs.
     """
     _check_float_tensor("logits", logits, 2)
     _autograd.refuse_grad("beam_search_step", logits=logits, beam_scores=beam_scores)
@@ -601,7 +645,9 @@ def beam_search_step(beam_scores, logits, beam_width, *, length_penalty=1.0, len
     width, vocab = logits.shape[-2:]
     beam_width = _positive_int("beam_width", beam_width, vocab, " (the vocabulary size V)")
     factor = _length_factors(lengths, length_penalty, beam_scores)
-    lp = _call("log_softmax", backend, _rows(logits), None, 1.0).reshape(-1, width, vocab)
+    rows = _rows(logits)
+    lp = _call("log_softmax", backend, rows, None, torch.ones(rows.shape[0], dtype=torch.float32,
+                                                              device=rows.device)).reshape(-1, width, vocab)
     cand = beam_scores.reshape(-1, width).to(torch.float32)[:, :, None] + lp
     key = cand if factor is None else cand * factor.reshape(-1, width)[:, :, None]
     values, flat = _call("topk", backend, key.reshape(-1, width * vocab).contiguous(), beam_width)
@@ -618,9 +664,7 @@ def _check_beam_scores(beam_scores, logits):
                          f"got {tuple(beam_scores.shape)}")
 
 
-# -- Model building blocks (spec 24) ---------------------------------------------------
-# Forward only until "Train through bitparity": with grad enabled, an input that requires grad raises
-# NotImplementedError (autograd.py); under torch.no_grad() they run as usual.
+# -- Model building blocks (spec 24) and their backward (spec 29) -----------------------
 
 
 def _check_param(name, t, shape, like_name, like):
@@ -634,7 +678,12 @@ def _check_param(name, t, shape, like_name, like):
 
 def linear(x, weight, bias=None, *, backend=None):
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N], each output the canonical sum over K of the
-    rounded products x_k * w_k (spec 24.1): the same bits for any number of rows and any tiling."""
+    rounded products x_k * w_k (spec 24.1): the same bits for any number of rows and any tiling. No + 0.0: an
+    all -0.0 product row stays -0.0; NaN and inf propagate as IEEE arithmetic has them.
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in x, weight and bias (spec 29.2; weight and bias by the row fold of 29.1)."""
     _check_float_tensor("x", x, 1)
     _check_on("weight", weight, "x's", x.device)
     _check_float_tensor("weight", weight, 2)
@@ -649,7 +698,13 @@ def linear(x, weight, bias=None, *, backend=None):
 
 def rms_norm(x, weight, eps=1e-6, *, backend=None):
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension (spec 24.2: canonical sum of squares,
-    times the reciprocal of D, spec 15.2's rsqrt), as Qwen3's RMSNorm."""
+    times the reciprocal of D, spec 15.2's rsqrt), as Qwen3's RMSNorm: x [..., D], weight [D] -> [..., D].
+    A NaN gives a NaN row; an infinite entry (or squares that overflow) gives NaN there and +-0 elsewhere, as
+    torch's float32 RMSNorm does. eps rounds to a normal float32.
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in x and weight (spec 29.3)."""
     _check_float_tensor("x", x, 1)
     weight = _check_param("weight", weight, x.shape[-1:], "x", x)
     eps = _normal_float32("eps", eps)
@@ -659,7 +714,11 @@ def rms_norm(x, weight, eps=1e-6, *, backend=None):
 def rotary(x, cos, sin, *, backend=None):
     """Rotary embedding, rotate-half convention (HF, Qwen3): with x = [x1, x2] halves of the last
     dimension D, out = [x1*cos - x2*sin, x2*cos + x1*sin] (spec 24.3). cos and sin [..., D/2] broadcast
-    to x.shape[:-1] + (D/2,); rotary_tables makes them."""
+    to x.shape[:-1] + (D/2,); rotary_tables makes them. x [..., D] -> [..., D].
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in x (spec 29.4); cos and sin are constants."""
     _check_float_tensor("x", x, 1)
     if x.shape[-1] % 2:
         raise ValueError(f"x's last dimension must be even (two halves); got {x.shape[-1]}")
@@ -702,7 +761,12 @@ def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
     Key j counts for query i of batch row b iff j < kv_lengths[b] (default Tk) and, when causal,
     j <= i + (Tk - Tq): queries are the last Tq positions (flash-attention's bottom-right alignment), so a
     one-token decode against a KV cache padded past its length gives the bits of the full-sequence prefill.
-    Keys that do not count are never read as numbers (garbage or NaN there changes nothing)."""
+    Keys that do not count are never read as numbers (garbage or NaN there changes nothing). kv_lengths is
+    int64 [B] in [1, Tk].
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in q, k and v (spec 29.6); kv_lengths is not."""
     _check_float_tensor("q", q, 4)
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, H, Tq, D]; got {tuple(q.shape)}")
@@ -731,7 +795,12 @@ def attention(q, k, v, *, causal=True, kv_lengths=None, backend=None):
 
 def silu_mul(gate, up, *, backend=None):
     """SwiGLU's silu(gate) * up, element-wise (spec 24.5): sigmoid from one portable exp and spec 7's
-    reciprocal, whose argument 1 + exp(-|gate|) always lies in [1, 2]."""
+    reciprocal, whose argument 1 + exp(-|gate|) always lies in [1, 2]. gate and up of one shape -> that shape.
+    NaN propagates; gate = -inf gives NaN (-inf * 0), as x * sigmoid(x) does.
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in gate and up (spec 29.5)."""
     _check_float_tensor("gate", gate, 0)
     _check_same_shape("up", up, "gate", gate)
     flat = [t.reshape(-1).to(torch.float32).contiguous() for t in (gate, up)]
@@ -746,12 +815,14 @@ def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None)
     index); their weights the softmax over those top_k logits (= Qwen3's softmax, top-k, renormalise);
     each chosen expert computes down(silu_mul(gate(x), up(x))); the outputs are combined per token as the
     canonical sum over the top_k slots, in rank order, of weight * output. No scatter, no atomics: a
-    token's bits depend on that token only."""
+    token's bits depend on that token only. 1 <= top_k <= E.
+
+    Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
+    and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
+    Differentiable in x and all four weights (spec 29.7)."""
     _check_float_tensor("x", x, 2)
     if x.dim() != 2:
         raise ValueError(f"x must have shape [M, D]; got {tuple(x.shape)}")
-    _autograd.refuse_grad("moe", x=x, router_weight=router_weight, gate_proj=gate_proj, up_proj=up_proj,
-                          down_proj=down_proj)
     _check_on("router_weight", router_weight, "x's", x.device)
     _check_float_tensor("router_weight", router_weight, 2)
     experts = router_weight.shape[0]
@@ -763,17 +834,24 @@ def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None)
     up_proj = _check_param("up_proj", up_proj, (experts, inter, x.shape[1]), "x", x)
     down_proj = _check_param("down_proj", down_proj, (experts, x.shape[1], inter), "x", x)
     top_k = _positive_int("top_k", top_k, experts, " (the number of experts E)")
-    x = x.to(torch.float32).contiguous()
-    logits = _call("linear", backend, x, router_weight, None)                       # [M, E]
-    top_logits, chosen = _call("topk", backend, logits, top_k)                      # [M, k], rank order
-    weights = _call("softmax", backend, top_logits.contiguous(), None, 1.0)         # [M, k]
-    weighted = torch.empty(x.shape[0], top_k, x.shape[1], dtype=torch.float32, device=x.device)   # [M, k, D]
-    for e in range(experts):
-        token, slot = torch.nonzero(chosen == e, as_tuple=True)
-        if token.numel() == 0:
-            continue
-        h = x[token]
-        act = _call("silu_mul", backend, _call("linear", backend, h, gate_proj[e], None).reshape(-1),
-                    _call("linear", backend, h, up_proj[e], None).reshape(-1)).reshape(-1, inter)
-        weighted[token, slot] = weights[token, slot][:, None] * _call("linear", backend, act, down_proj[e], None)
-    return _call("sum", backend, weighted.transpose(1, 2).reshape(-1, top_k).contiguous(), None).reshape(x.shape)
+    dense = (_dense(t.to(torch.float32)) for t in (x, router_weight, gate_proj, up_proj, down_proj))
+    return _autograd.moe(_resolve(backend, x.device), *dense, top_k)
+
+
+def embedding(tokens, weight, *, backend=None):
+    """The token embedding: weight [V, D] rows gathered by tokens int64 [...] -> [..., D] (exact data movement).
+    Differentiable in weight: row v's gradient is the row fold (spec 29.1, 29.8) of the gradients of the
+    positions holding token v, in row-major order, -0.0 for tokens that do not occur; never torch's
+    index_put/scatter-add, whose accumulation order is the device's. Float weight float32, bfloat16 or
+    float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda and ascend."""
+    _check_float_tensor("weight", weight, 2)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape [V, D]; got {tuple(weight.shape)}")
+    tokens = _check_index_tensor("tokens", tokens, "of any shape", tokens.shape if isinstance(tokens, torch.Tensor)
+                                 else (), weight.device, "weight's")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= weight.shape[0]):
+        raise ValueError(f"tokens must lie in [0, {weight.shape[0]}) (weight's rows); got "
+                         f"{int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())}")
+    flat = _autograd.embedding(_resolve(backend, weight.device), _dense(tokens).reshape(-1),
+                               _dense(weight.to(torch.float32)))
+    return flat.reshape(*tokens.shape, weight.shape[1])

@@ -41,6 +41,8 @@ def _check_document(doc, md, where, bench_where):
     rl = doc["steps"]["rl_check"]["value"]
     assert rl["ok"] and rl["digest"] == rl["expected_digest"] and rl["logprob"]["max_abs_diff"] == 0.0
     assert "## 4. RL step (spec §25)" in md and "equal." in md
+    train = doc["steps"]["train"]["value"]
+    assert train["ok"] and train["equal"] == train["tensors"] == 9 and "## 5. Training (spec §29)" in md
 
 
 @NO_GPU
@@ -77,9 +79,10 @@ def test_gpu_check_refuses_the_interpreter_on_a_gpu(tmp_path, monkeypatch):
         _gpu_check().main(["--interpret", "--out", str(tmp_path)])
 
 
-def _steps(verify_rows=None, failed=(), rl_ok=True):
+def _steps(verify_rows=None, failed=(), rl_ok=True, train_ok=True):
     steps = {name: {"status": "ok", "value": []} for name in ("environment", "probe", "bench")}
     steps["rl_check"] = {"status": "ok", "value": {"ok": rl_ok}}
+    steps["train"] = {"status": "ok", "value": {"ok": train_ok}}
     steps["verify"] = ({"status": "error", "error": "Traceback"} if verify_rows is None
                        else {"status": "ok", "value": verify_rows})
     for name in failed:
@@ -96,6 +99,7 @@ def test_exit_status_says_whether_every_digest_matched():
     assert device_check.exit_status(_steps([match], failed=("probe",))) == 2
     assert device_check.exit_status(_steps([match], rl_ok=False)) == 1           # the RL step's digest or bits differ
     assert device_check.exit_status(_steps([match], failed=("rl_check",))) == 2
+    assert device_check.exit_status(_steps([match], train_ok=False)) == 1        # the trained bits differ
 
 
 def test_targets_against_the_issue():

@@ -10,11 +10,14 @@ in order:
    with the issue's targets checked;
 4. rl_check: one RL step of spec §25 on the device (rl/check.py): rollout against trainer bit for bit, and
    the digest against spec §25.6's (with --small: the first 3 requests, against numpy's on the CPU);
-5. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
+5. train: spec §29 on the device: the 3-step weights digest of `rl-check --steps 3` against spec §29.13's
+   (with --small: the gradients of a tiny linear, rms_norm, attention and moe and one AdamW step, against
+   numpy's bits on the CPU);
+6. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
 
 Each step is run on its own: one that raises is recorded with its traceback and the others still
 run and are written.  Exit status: 0 when every step ran and every digest matched; 1 when a digest
-(golden or RL step) mismatched or verify could not run; 2 when every digest matched but another step failed.
+(golden, RL step or training) mismatched or verify could not run; 2 when every digest matched but another step failed.
 
 Without the hardware the same run works on the CPU through the backend's test double (the Triton
 interpreter, the Ascend C host emulation), with --small shapes: CI runs it that way so that it
@@ -142,6 +145,47 @@ def _rl_check(backend, small):
     return doc
 
 
+def _small_training(backend):
+    """Gradients of tiny blocks and one AdamW step on the backend, bit for bit against numpy on the CPU."""
+    import torch
+
+    from .. import ops, optim
+    from ..backends import device_type
+    from .metrics import canonical_bits
+    gen = torch.Generator().manual_seed(29)
+    inputs = [torch.randn(*shape, generator=gen) for shape in ((6, 32), (8, 32), (32,), (1, 2, 5, 16), (4, 32),
+                                                                (4, 8, 32), (4, 8, 32), (4, 32, 8))]
+
+    def grads(name):
+        device = torch.device(device_type(name))
+        leaves = [t.to(device).requires_grad_() for t in inputs]
+        x, w, nw, q, router, gate, up, down = leaves
+        loss = (ops.linear(x, w, backend=name).sum() + ops.rms_norm(x, nw, backend=name).sum()
+                + ops.attention(q, q, q, backend=name).sum() + ops.moe(x, router, gate, up, down, 2, backend=name).sum())
+        loss.backward()
+        step = torch.nn.Parameter(w.detach().clone())
+        step.grad = w.grad.clone()
+        optim.AdamW([step], lr=1e-2, backend=name).step()
+        return [canonical_bits(t.grad.cpu()) for t in leaves] + [canonical_bits(step.detach().cpu())]
+
+    ours, want = grads(backend), grads("numpy")
+    equal = [bool(torch.equal(a, b)) for a, b in zip(ours, want)]
+    return {"tensors": len(equal), "equal": sum(equal), "ok": all(equal)}
+
+
+def _train(backend, small):
+    """Spec §29 on the device: the 3-step weights digest (or, with small, tiny gradients and an AdamW step)."""
+    if small:
+        doc = _small_training(backend)
+    else:
+        from ..rl import check
+        run = check.train_check(backend, 0, 3)
+        doc = {"weights_digest": run["weights_digest"], "expected": run["published_weights_digest"],
+               "consistent": run["consistent"], "ok": bool(run["matches_published"]) and run["consistent"]}
+    print(f"train: {'as expected' if doc['ok'] else 'DIFFERENT'} ({doc})", flush=True)
+    return doc
+
+
 def _environment():
     from . import report
     return {"packages": report.packages(), "device": report.device(), "machine": report.machine()}
@@ -185,6 +229,9 @@ def _markdown(name, backend, where, test_double, results):
                   f"{rl['value']['bitwise_equal']}/{rl['value']['tokens']} values bitwise equal, max |logp diff| "
                   f"{rl['logprob']['max_abs_diff']}; digest `{rl['digest']}`, expected `{rl['expected_digest']}`: "
                   f"{'equal' if rl['ok'] else '**not equal**'}.", ""]
+    if results["train"]["status"] == "ok":
+        lines += ["## 5. Training (spec §29)", "", f"`{json.dumps(results['train']['value'])}`: "
+                  f"{'equal' if results['train']['value']['ok'] else '**not equal**'}.", ""]
     failed = [k for k, v in results.items() if v["status"] == "error"]
     for k in failed:
         lines += [f"## Step `{k}` failed", "", "```", results[k]["error"].rstrip(), "```", ""]
@@ -198,10 +245,10 @@ def _where(backend):
 
 
 def exit_status(results):
-    verify, rl = results["verify"], results["rl_check"]
+    verify = results["verify"]
     if verify["status"] != "ok" or not all(r["match"] for r in verify["value"]):
         return 1
-    if rl["status"] == "ok" and not rl["value"]["ok"]:
+    if any(results[k]["status"] == "ok" and not results[k]["value"]["ok"] for k in ("rl_check", "train")):
         return 1
     return 2 if any(v["status"] != "ok" for v in results.values()) else 0
 
@@ -219,6 +266,7 @@ def run(args, has_device, missing_device):
     repeats = args.repeats or (3 if args.small else 20)
     _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
     _step(results, "rl_check", lambda: _rl_check(args.backend, args.small))
+    _step(results, "train", lambda: _train(args.backend, args.small))
     where = _where(args.backend)
     status = exit_status(results)
     doc = {"name": args.name, "backend": args.backend, "where": where, "small": args.small, "tier": tier(args),

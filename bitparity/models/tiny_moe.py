@@ -76,43 +76,60 @@ def uniform_weights(seed, tensor_number, shape, bound_log2):
     return torch.from_numpy(values.reshape(shape))
 
 
-class TinyMoEPolicy:
+class TinyMoEPolicy(torch.nn.Module):
     """A decoder whose every float operation is a bitparity op on `backend` (any registry name, "native"
     included): embedding, then per layer attention and a top-k MoE with residual adds, a final RMSNorm, an
-    lm_head (logits) and a value head. Weights come from `seed` by spec §25.2; nothing is downloaded."""
+    lm_head (logits) and a value head. Weights come from `seed` by spec §25.2; nothing is downloaded.
+
+    An nn.Module: its weights are nn.Parameters (the rotary tables are buffers), registered in spec §25.2's
+    tensor order, then the norm weights layer by layer (input, q, k, post-attention) and the final norm: the
+    order of `parameters()` and of the weights digest. Differentiable through spec 29's backward; the rollout
+    runs it under torch.no_grad()."""
 
     def __init__(self, config=None, seed=0, backend="numpy"):
+        super().__init__()
         self.config = config or ModelConfig()
         if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63:
             raise ValueError(f"seed must be an int64; got {seed!r}")
         self.seed, self.backend = seed, backend
         self.device = torch.device(device_type(backend))
         c = self.config
-        self.weights = {name: uniform_weights(seed, number, shape, bound).to(self.device)
-                        for number, (name, shape, bound) in enumerate(weight_shapes(c))}
-        ones = {"hidden": torch.ones(c.hidden, device=self.device), "head": torch.ones(c.head_dim, device=self.device)}
+        tensors = {name: uniform_weights(seed, number, shape, bound)
+                   for number, (name, shape, bound) in enumerate(weight_shapes(c))}
         for layer in range(c.layers):
-            for name, size in (("input_norm", "hidden"), ("q_norm", "head"), ("k_norm", "head"),
-                               ("post_attention_norm", "hidden")):
-                self.weights[f"layers.{layer}.{name}"] = ones[size]
-        self.weights["final_norm"] = ones["hidden"]
+            for name, size in (("input_norm", c.hidden), ("q_norm", c.head_dim), ("k_norm", c.head_dim),
+                               ("post_attention_norm", c.hidden)):
+                tensors[f"layers.{layer}.{name}"] = torch.ones(size)
+        tensors["final_norm"] = torch.ones(c.hidden)
+        self.parameter_names = tuple(tensors)
+        for name, t in tensors.items():
+            self.register_parameter(_attribute(name), torch.nn.Parameter(t.to(self.device)))
         cos, sin = ops.rotary_tables(c.max_positions, c.head_dim, c.rope_base)
-        self.weights["rotary_cos"], self.weights["rotary_sin"] = cos.to(self.device), sin.to(self.device)
+        self.register_buffer("rotary_cos", cos.to(self.device))
+        self.register_buffer("rotary_sin", sin.to(self.device))
+
+    @property
+    def weights(self):
+        """{name: tensor}: every parameter by its spec §25.2 name, and the rotary tables."""
+        named = {name: getattr(self, _attribute(name)) for name in self.parameter_names}
+        return {**named, "rotary_cos": self.rotary_cos, "rotary_sin": self.rotary_sin}
 
     def _w(self, layer, name):
-        return self.weights[f"layers.{layer}.{name}"]
+        return getattr(self, _attribute(f"layers.{layer}.{name}"))
 
     def _qkv(self, h, layer, positions):
         """h [B, T, D], positions [B, T] -> q, k, v [B, H, T, hd]: norm, projections, per-head q/k norms, rotary."""
         c, b = self.config, self.backend
         x = ops.rms_norm(h, self._w(layer, "input_norm"), c.rms_eps, backend=b)
-        split = (*h.shape[:2], c.heads, c.head_dim)                                     # [B, T, H, hd]
-        q, k, v = (ops.linear(x, self._w(layer, name), backend=b).reshape(split)
-                   for name in ("q_proj", "k_proj", "v_proj"))
+        split = (*h.shape[:2], 3, c.heads, c.head_dim)                                  # [B, T, 3, H, hd]
+        # One linear of the concatenated projections (spec 29.9): each output is its own dot (the same forward
+        # bits as three), and x is read once, so its gradient is one canonical sum over all 3*H*hd outputs.
+        qkv = torch.cat([self._w(layer, name) for name in ("q_proj", "k_proj", "v_proj")])
+        q, k, v = ops.linear(x, qkv, backend=b).reshape(split).unbind(2)
         q = ops.rms_norm(q, self._w(layer, "q_norm"), c.rms_eps, backend=b)
         k = ops.rms_norm(k, self._w(layer, "k_norm"), c.rms_eps, backend=b)
-        cos = self.weights["rotary_cos"][positions][:, :, None, :]                      # [B, T, 1, hd/2]
-        sin = self.weights["rotary_sin"][positions][:, :, None, :]
+        cos = self.rotary_cos[positions][:, :, None, :]                                 # [B, T, 1, hd/2]
+        sin = self.rotary_sin[positions][:, :, None, :]
         q, k = ops.rotary(q, cos, sin, backend=b), ops.rotary(k, cos, sin, backend=b)
         return (t.transpose(1, 2).contiguous() for t in (q, k, v))
 
@@ -128,9 +145,9 @@ class TinyMoEPolicy:
 
     def _heads(self, h):
         """h [B, T, D] -> logits [B, T, V], values [B, T]."""
-        x = ops.rms_norm(h, self.weights["final_norm"], self.config.rms_eps, backend=self.backend)
-        logits = ops.linear(x, self.weights["lm_head"], backend=self.backend)
-        return logits, ops.linear(x, self.weights["value_head"], backend=self.backend)[..., 0]
+        x = ops.rms_norm(h, self.final_norm, self.config.rms_eps, backend=self.backend)
+        logits = ops.linear(x, self.lm_head, backend=self.backend)
+        return logits, ops.linear(x, self.value_head, backend=self.backend)[..., 0]
 
     def _check_tokens(self, name, tokens, dims):
         if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64:
@@ -152,7 +169,7 @@ class TinyMoEPolicy:
             raise ValueError(f"tokens must have at most max_positions = {self.config.max_positions} columns; "
                              f"got {length}")
         positions = torch.arange(length, device=self.device).expand(batch, length)
-        h = self.weights["embed"][tokens]                                               # [B, T, D]
+        h = ops.embedding(tokens, self.embed, backend=self.backend)                     # [B, T, D]
         keys, vals = [], []
         for layer in range(self.config.layers):
             q, k, v = self._qkv(h, layer, positions)
@@ -175,7 +192,7 @@ class TinyMoEPolicy:
         if int(positions.max()) >= capacity:
             raise ValueError(f"positions must be below the cache capacity {capacity}; got {int(positions.max())}")
         rows = torch.arange(tokens.shape[0], device=self.device)
-        h = self.weights["embed"][tokens][:, None, :]                                   # [B, 1, D]
+        h = ops.embedding(tokens, self.embed, backend=self.backend)[:, None, :]        # [B, 1, D]
         new_keys, new_vals = [], []
         for layer in range(self.config.layers):
             q, k, v = self._qkv(h, layer, positions[:, None])                           # [B, H, 1, hd]
@@ -188,3 +205,8 @@ class TinyMoEPolicy:
             h = self._finish_layer(h, layer, attended)
         logits, values = self._heads(h)
         return logits[:, 0], values[:, 0], new_keys, new_vals
+
+
+def _attribute(name):
+    """The module attribute of a spec §25.2 name ("layers.0.q_proj" -> "layers_0_q_proj")."""
+    return name.replace(".", "_")

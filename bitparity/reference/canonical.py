@@ -164,8 +164,8 @@ def reciprocal(s):
 # -- Softmax family (spec 8) ----------------------------------------------------
 
 def _scaled(x, mask, scale):
-    """w = x * scale, with masked entries set to -inf (spec 8.1)."""
-    w = x * F32(scale)
+    """w = x * scale_r, one multiply per entry with its row's scale (f32 [R]); masked entries -inf (spec 8.1)."""
+    w = x * scale[:, None]
     if mask is not None:
         w = np.where(mask, w, NEG_INF)
     return w
@@ -237,7 +237,7 @@ def entropy(x, mask, scale):
 
 
 def token_logprobs(x, tokens, scale):
-    """[R, V], tokens [R] -> [R]: log_softmax(x)[r, tokens[r]], bit for bit."""
+    """[R, V], tokens [R], scale f32 [R] -> [R]: log_softmax(x)[r, tokens[r]], bit for bit."""
     w = _scaled(x, None, scale)
     shift, total, log_total, _ = _softmax_stats(w)
     chosen = np.take_along_axis(w, tokens[:, None].astype(np.int64), axis=1)[:, 0]
@@ -411,7 +411,8 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, ratio_low, ratio_high, dua
 # -- Backward (spec 26) ----------------------------------------------------------------
 # Each function takes the forward's inputs (or its output, where spec 26 says so) and the
 # upstream gradient g, and returns the gradient of the first differentiable input.  Entries
-# that do not count (mask False) get +0.0.
+# that do not count (mask False) get +0.0.  The softmax family's scale is f32 [R], one per row,
+# as in the forward.
 
 def _counted(mask, v):
     """select(mask, v, +0.0); mask None means every entry counts."""
@@ -428,7 +429,7 @@ def _log_probs(w):
 def logsumexp_backward(x, mask, scale, g):
     """dx_i = (g * P_i) * scale with P_i = exp(log_softmax_i) (spec 26.2)."""
     p = exp(_log_probs(_scaled(x, mask, scale)))
-    return _counted(mask, (g[:, None] * p) * F32(scale))
+    return _counted(mask, (g[:, None] * p) * scale[:, None])
 
 
 def _counted_or_neg_zero(mask, v):
@@ -439,13 +440,13 @@ def _counted_or_neg_zero(mask, v):
 def log_softmax_backward(y, mask, scale, g):
     """From the forward's output y: dx_i = (g_i - exp(y_i) * G) * scale, G = canonical sum of g (spec 26.3)."""
     big_g = canonical_sum(_counted_or_neg_zero(mask, g))
-    return _counted(mask, (g - exp(y) * big_g[:, None]) * F32(scale))
+    return _counted(mask, (g - exp(y) * big_g[:, None]) * scale[:, None])
 
 
 def softmax_backward(p, mask, scale, g):
     """From the forward's output p: dx_i = (p_i * (g_i - G)) * scale, G = canonical sum of g * p (spec 26.4)."""
     big_g = canonical_sum(_counted_or_neg_zero(mask, g * p))
-    return _counted(mask, (p * (g - big_g[:, None])) * F32(scale))
+    return _counted(mask, (p * (g - big_g[:, None])) * scale[:, None])
 
 
 def entropy_backward(x, mask, scale, h, g):
@@ -456,7 +457,7 @@ def entropy_backward(x, mask, scale, h, g):
     e = exp(d)
     q = e * recip[:, None]
     a = log_total[:, None] - d
-    out = ((q * (a - h[:, None])) * g[:, None]) * F32(scale)
+    out = ((q * (a - h[:, None])) * g[:, None]) * scale[:, None]
     return _counted(mask, np.where(e == F32(0.0), F32(0.0), out))
 
 
@@ -464,7 +465,7 @@ def token_logprobs_backward(x, tokens, scale, g):
     """dx_i = (select(i == t, g, +0.0) - P_i * g) * scale, P_i = exp(log_softmax_i) (spec 26.6)."""
     p = exp(_log_probs(_scaled(x, None, scale)))
     hit = np.arange(x.shape[1])[None, :] == tokens[:, None]
-    return (np.where(hit, g[:, None], F32(0.0)) - p * g[:, None]) * F32(scale)
+    return (np.where(hit, g[:, None], F32(0.0)) - p * g[:, None]) * scale[:, None]
 
 
 def masked_mean_backward(mask, g):
@@ -771,7 +772,7 @@ def attention(q, k, v, kv_lengths, causal, scale):
     out = np.empty((g, tq, d), dtype=F32)
     for i in range(g):
         dots = canonical_sum((q[i][:, None, :] * k[i][None, :, :]).reshape(-1, d)).reshape(tq, tk)
-        p = softmax(dots, mask[i], scale)                               # [Tq, Tk]
+        p = softmax(dots, mask[i], np.full(tq, scale, dtype=F32))       # [Tq, Tk], every query the same scale
         terms = np.where(mask[i][:, :, None], p[:, :, None] * v[i][None, :, :], NEG_ZERO)   # [Tq, Tk, D]
         out[i] = canonical_sum(terms.transpose(0, 2, 1).reshape(-1, tk)).reshape(tq, d)
     return out
@@ -783,3 +784,143 @@ def silu_mul(gate, up):
     r = reciprocal(F32(1.0) + e)                    # 1 + e in [1, 2]: inside reciprocal's domain
     sigmoid = np.where(gate >= F32(0.0), r, e * r)
     return (gate * sigmoid) * up
+
+
+# -- Training (spec 29) -------------------------------------------------------
+
+def fold_rows(c, segments, positions, rows, n_segments):
+    """c [M, F] with segments [M] and positions [M] (distinct within a segment) -> [n_segments, F]: per segment,
+    the row fold (spec 29.1) of `rows` leaves holding c[i] at positions[i] and -0.0 elsewhere. Level by level,
+    on the rows sorted by (segment, position): siblings 2p and 2p + 1 that are both present add (left + right);
+    a node with one present child is that child, since adding the -0.0 of an absent subtree changes no bit."""
+    out = np.full((n_segments, c.shape[1]), NEG_ZERO, dtype=F32)
+    order = np.lexsort((np.asarray(positions), np.asarray(segments)))
+    values = np.asarray(c, dtype=F32)[order]
+    keys = np.asarray(segments, dtype=np.int64)[order]
+    pos = np.asarray(positions, dtype=np.int64)[order]
+    width = _next_pow2(rows)
+    while width > 1:
+        parent = pos >> 1
+        pair = np.zeros(len(pos), dtype=bool)
+        pair[:-1] = (keys[:-1] == keys[1:]) & (parent[:-1] == parent[1:])     # a left child with its right sibling
+        right = np.zeros(len(pos), dtype=bool)
+        right[1:] = pair[:-1]
+        merged = np.where(pair[:, None], values + np.roll(values, -1, axis=0), values)
+        keep = ~right
+        values, keys, pos = merged[keep], keys[keep], parent[keep]
+        width >>= 1
+    out[keys] = values
+    return out
+
+
+def row_fold(c):
+    """[R, F] -> [F]: the row fold of the R rows in order (spec 29.1)."""
+    rows = c.shape[0]
+    return fold_rows(c, np.zeros(rows, dtype=np.int64), np.arange(rows), rows, 1)[0]
+
+
+def weight_grad(x, g, positions, rows):
+    """x [M, K], g [M, N] -> [N, K]: dW[n, k] = the row fold over `rows` leaves of g[i, n] * x[i, k] at
+    positions[i] (spec 29.1, 29.2)."""
+    m, k = x.shape
+    products = (g[:, :, None] * x[:, None, :]).reshape(m, -1)                # [M, N*K], each rounded once
+    return fold_rows(products, np.zeros(m, dtype=np.int64), positions, rows, 1)[0].reshape(g.shape[1], k)
+
+
+def _rms_stats(x, eps):
+    ms = canonical_sum(x * x) * reciprocal(F32(x.shape[1]))
+    return rsqrt(ms + F32(eps))
+
+
+def rms_norm_backward(x, weight, eps, g):
+    """rms_norm's (dx [R, D], terms [R, D]) (spec 29.3): dx = (u - n * a) * r with u = g * weight and
+    a = canonical_sum(u * n) * (1/D); terms = g * n, which the weight's gradient folds over the rows."""
+    r = _rms_stats(x, eps)[:, None]
+    n = x * r
+    u = g * weight[None, :]
+    a = canonical_sum(u * n) * reciprocal(F32(x.shape[1]))
+    return (u - n * a[:, None]) * r, g * n
+
+
+def _sigmoid(gate):
+    e = exp(-np.abs(gate))
+    r = reciprocal(F32(1.0) + e)
+    return np.where(gate >= F32(0.0), r, e * r)
+
+
+def silu_mul_backward(gate, up, g):
+    """(d_gate, d_up) of silu_mul (spec 29.5): d_up = g * silu, d_gate = (g * up) * (sig * (1 + gate * (1 - sig)))."""
+    sig = _sigmoid(gate)
+    d_silu = sig * (F32(1.0) + gate * (F32(1.0) - sig))
+    return (g * up) * d_silu, g * (gate * sig)
+
+
+def attention_backward(q, k, v, kv_lengths, causal, scale, g):
+    """(dq, dk, dv) of attention (spec 29.6), per group: dp = dots of g with v over d; ds = (p * (dp - G)) * scale
+    on counted pairs (softmax's backward, spec 26.4); dq, dk, dv are canonical sums over keys or queries with the
+    pairs that do not count as -0.0."""
+    groups, tq, d = q.shape
+    tk = k.shape[1]
+    mask = attention_mask(tq, tk, kv_lengths, causal)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    scales = np.full(tq, scale, dtype=F32)
+    for i in range(groups):
+        scores = canonical_sum((q[i][:, None, :] * k[i][None, :, :]).reshape(-1, d)).reshape(tq, tk)
+        p = softmax(scores, mask[i], scales)                                               # [Tq, Tk]
+        dp = canonical_sum((g[i][:, None, :] * v[i][None, :, :]).reshape(-1, d)).reshape(tq, tk)
+        ds = softmax_backward(p, mask[i], scales, dp)                                      # +0.0 where not counted
+        counted = mask[i][:, :, None]
+        dq[i] = canonical_sum(np.where(counted, ds[:, :, None] * k[i][None, :, :], NEG_ZERO)
+                              .transpose(0, 2, 1).reshape(-1, tk)).reshape(tq, d)
+        dk[i] = canonical_sum(np.where(counted, ds[:, :, None] * q[i][:, None, :], NEG_ZERO)
+                              .transpose(1, 2, 0).reshape(-1, tq)).reshape(tk, d)
+        dv[i] = canonical_sum(np.where(counted, p[:, :, None] * g[i][:, None, :], NEG_ZERO)
+                              .transpose(1, 2, 0).reshape(-1, tq)).reshape(tk, d)
+    return dq, dk, dv
+
+
+def sqrt32(y):
+    """sqrt for y >= 0 (spec 29.10): y * rsqrt(y) (spec 15.2), then one correction by the Dekker-exact residual
+    y - s*s; +0.0 below the smallest normal, +inf at +inf, NaN propagates."""
+    y = np.asarray(y, dtype=F32)
+    small = y < _c(spec.MIN_NORMAL_BITS)
+    safe = np.where(small, F32(1.0), y)
+    r = rsqrt(safe)
+    s = safe * r
+    p = s * s
+    sh, sl = _split(s)
+    err = ((sh * sh - p) + (sh * sl + sh * sl)) + sl * sl          # s*s - p, exactly
+    s = s + ((safe - p) - err) * (_c(spec.HALF_BITS) * r)
+    return np.where(small, F32(0.0), np.where(y == POS_INF, POS_INF, s))
+
+
+def recip(d):
+    """1/d for a positive normal d (spec 29.11): spec 7's reciprocal of the mantissa in [1, 2), scaled by 2^-e."""
+    d = np.asarray(d, dtype=F32)
+    bits = d.view(I32)
+    e = (bits >> 23) - 127
+    mantissa = ((bits & I32(0x007FFFFF)) | I32(0x3F800000)).view(F32)
+    r = reciprocal(mantissa)
+    low = e == 127
+    scale = ((I32(127) - np.where(low, 126, e)) << 23).astype(I32).view(F32)
+    return np.where(low, (r * F32(0.5)) * scale, r * scale)
+
+
+def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
+    """One AdamW step, element-wise (spec 29.12) -> (w, m, v). decay is None when weight_decay is 0."""
+    if decay is not None:
+        w = w * F32(decay)
+    m = F32(b1) * m + F32(c1) * g
+    v = F32(b2) * v + F32(c2) * (g * g)
+    den = (sqrt32(v) * F32(ibc2)) + F32(eps)
+    return w - (m * recip(den)) * F32(step), m, v
+
+
+def sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov):
+    """One SGD step, element-wise (spec 29.12) -> (w, buf): buf None is the first step (or momentum 0)."""
+    if weight_decay != 0:
+        g = g + F32(weight_decay) * w
+    if momentum != 0:
+        buf = g if buf is None else F32(momentum) * buf + F32(one_minus_dampening) * g
+        g = g + F32(momentum) * buf if nesterov else buf
+    return w - F32(lr) * g, buf

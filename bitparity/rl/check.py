@@ -8,6 +8,7 @@ from .. import metrics
 from ..compare.metrics import canonical_bits
 from ..models import ModelConfig, TinyMoEPolicy
 from .rollout import default_requests, rollout
+from .train import UpdateSettings, train, weights_digest
 from .trainer import RLSettings, TrainerLayout, digest, rl_step
 
 MAX_BATCH = 6                                    # the rollout's cap on running requests
@@ -87,3 +88,136 @@ def check(backend, seed, native=False, correction=None):
         doc["native"] = {**summary(*runs["native"], correction), "sweep": native_sweep(seed, requests, config)}
     return doc, runs
 
+
+
+# Spec 29.13: the weights digest after `steps` updates from seed 0, micro-batches of 4 sequences.
+PUBLISHED_WEIGHTS_DIGESTS = {(0, 3): "e01a3e0b305336a38b56071ff4cb15f0fc0f9cd34f9639e66e2be05e941bd5d6"}
+
+
+def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, native=False, world_size=1,
+                config=None):
+    """The multi-step rl-check document: per step the rollout-vs-trainer agreement, the loss and the gradient
+    norm, then the weights digest (spec 29.13); with native=True torch's own training for the same steps and
+    how far its weights drift from the canonical run's. Step s samples default_requests(seed + s). With
+    world_size > 1 the updates run data-parallel on that many gloo ranks on 127.0.0.1 (spec 28.1). `config`
+    (default: spec 25.1's) changes the model, and then no digest is published."""
+    published_config = config is None
+    config = config or ModelConfig()
+    update = UpdateSettings(micro_batch=micro_batch)
+
+    def requests_for_step(step):
+        return default_requests(seed + step, vocab=config.vocab)
+
+    def run(name):
+        policy, reference = models(name, seed, config)
+        rows = []
+        for step, done, result, norm in train(policy, reference, requests_for_step, steps, MAX_BATCH, update):
+            rows.append({"step": step, **summary(done, result), "grad_norm": float(norm),
+                         "weights_digest": weights_digest(policy)})
+        return policy, rows
+
+    if world_size > 1:
+        rows, digest_ = _spawned_train(backend, seed, steps, micro_batch, world_size, config)
+    else:
+        policy, rows = run(backend)
+        digest_ = weights_digest(policy)
+    doc = {"backend": backend, "seed": seed, "steps": steps, "world_size": world_size, "config": asdict(config),
+           "max_batch": MAX_BATCH, "update": asdict(update), "settings": asdict(RLSettings()), "per_step": rows,
+           "weights_digest": digest_}
+    published = PUBLISHED_WEIGHTS_DIGESTS.get((seed, steps)) if published_config else None
+    doc["published_weights_digest"] = published
+    doc["matches_published"] = None if published is None else doc["weights_digest"] == published
+    doc["consistent"] = all(r["consistent"] for r in rows)
+    if native:
+        if world_size > 1:
+            raise ValueError("native=True compares one process's weights: use it with world_size 1")
+        native_policy, native_rows = run("native")
+        drift = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(policy.parameters(),
+                                                                                     native_policy.parameters()))
+        doc["native"] = {"per_step": native_rows, "weights_digest": weights_digest(native_policy),
+                         "max_abs_weight_drift": drift}
+    return doc
+
+
+WORLD_TIMEOUT_S = 600            # a data-parallel rl-check's whole run; each collective's own timeout is 120 s
+
+
+def _combined(rows):
+    """Every rank's summary of its shard -> one agreement table over all tokens (None: a rank without requests)."""
+    rows = [r for r in rows if r is not None]
+    combined = {}
+    for key in ("logprob", "value"):
+        parts = [r[key] for r in rows]
+        equal, tokens = sum(p["bitwise_equal"] for p in parts), sum(p["tokens"] for p in parts)
+        combined[key] = {"max_abs_diff": max(p["max_abs_diff"] for p in parts), "bitwise_equal": equal,
+                         "tokens": tokens, "percent": 100.0 * equal / tokens}
+    combined["requests"] = sum(r["requests"] for r in rows)
+    combined["ratio_exactly_one"] = all(r["ratio_exactly_one"] for r in rows)
+    combined["consistent"] = all(r["consistent"] for r in rows)
+    combined["loss"], combined["clip_fraction"] = rows[0]["loss"], rows[0]["clip_fraction"]   # global on every rank
+    return combined
+
+
+def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, results):
+    """One rank of a data-parallel train_check (spawned): the same rollouts on every rank, the update sharded."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from .. import optim
+    from .rollout import rollout
+    from .train import ppo_update
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        update = UpdateSettings(micro_batch=micro_batch)
+        policy, reference = models(backend, seed, config)
+        reference.requires_grad_(False)
+        optimizer = optim.AdamW(policy.parameters(), lr=update.lr, betas=update.betas, eps=update.eps,
+                                weight_decay=update.weight_decay, backend=backend)
+        rows = []
+        for step in range(steps):
+            done = rollout(policy, default_requests(seed + step, vocab=config.vocab), max_batch=MAX_BATCH,
+                           temperature=RLSettings().temperature)
+            result, norm = ppo_update(policy, reference, done, optimizer, update, group=dist.group.WORLD)
+            mine = None if result is None else summary(done, result) | {"requests": len(result.tokens)}
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine)
+            rows.append({"step": step, **_combined(everyone), "grad_norm": float(norm),
+                         "weights_digest": weights_digest(policy)})
+        if rank == 0:
+            results.put(("ok", rows, weights_digest(policy)))
+    except Exception as error:                   # reported by the parent, which exits 1 naming the rank
+        results.put(("error", f"rank {rank}: {type(error).__name__}: {error}", None))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned_train(backend, seed, steps, micro_batch, world, config):
+    """(per-step rows, weights digest) of a data-parallel run on `world` gloo ranks over 127.0.0.1."""
+    import multiprocessing
+    import queue
+    import socket
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_rank_train, args=(r, world, port, backend, seed, steps, micro_batch, config, results),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        status, rows, digest_ = results.get(timeout=WORLD_TIMEOUT_S)
+    except queue.Empty:
+        raise RuntimeError(f"the {world} ranks did not finish within {WORLD_TIMEOUT_S} s") from None
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    if status != "ok":
+        raise RuntimeError(rows)
+    return rows, digest_

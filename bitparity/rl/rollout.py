@@ -117,8 +117,10 @@ def _prefill(model, joiners, seqs, requests, temperature):
     _sample(model, logits[rows, last], values[rows, last], joiners, seqs, requests, temperature, lengths)
 
 
+@torch.no_grad()
 def rollout(model, requests, *, max_batch, temperature):
     """Generate every request's tokens with continuous batching (module docstring); returns a Rollout.
+    Inference only: no autograd graph is built.
 
     max_batch caps the running requests; the decode batch of step s is the running requests sorted by
     index and rotated left by s mod their count, so its order changes even when its members do not."""

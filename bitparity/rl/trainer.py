@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import ops
+from .. import distributed, ops
 from ..compare.metrics import canonical_bits
 
 
@@ -74,9 +74,10 @@ def _response_layout(rows, width, fill, device):
     return out
 
 
-def recompute(model, rollout, layout, temperature):
+def recompute(model, rollout, layout, temperature, width=None):
     """Log-probs (at `temperature`) and values of every generated token, by full-sequence forwards of prompt +
-    response in `layout`, returned in the response layout [requests, longest response] (zeros past a length).
+    response in `layout`, returned in the response layout [requests, width] (default: the longest response;
+    zeros past a length).
 
     Token t of a sequence is scored by the logits and value at position t - 1, the state it was sampled from."""
     requests, n = rollout.requests, len(rollout.requests)
@@ -91,7 +92,7 @@ def recompute(model, rollout, layout, temperature):
     if columns > model.config.max_positions:
         raise ValueError(f"the longest sequence plus layout.pad_extra must fit max_positions = "
                          f"{model.config.max_positions}; got {columns}")
-    width = max(map(len, rollout.tokens))
+    width = max(map(len, rollout.tokens)) if width is None else width
     logp = torch.zeros(n, width, device=model.device)
     values = torch.zeros(n, width, device=model.device)
     for start in range(0, n, micro):
@@ -107,18 +108,22 @@ def recompute(model, rollout, layout, temperature):
     return logp, values
 
 
-def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSettings()):
+def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSettings(), *, width=None, group=None):
     """The trainer's step on a finished rollout: recomputed log-probs and values (policy), reference
     log-probs, rewards -kl_coef * k1 + score at the last token, GAE (carry), whitened advantages and the
-    token-mean PPO loss against the rollout's log-probs (spec §25.5)."""
+    token-mean PPO loss against the rollout's log-probs (spec §25.5).
+
+    Data-parallel (spec 28): with a process group, `rollout` holds this rank's requests, `width` is the global
+    longest response, and the whitening and the loss run over the rank-order concatenation of every rank's rows
+    (bitparity.distributed), so every rank gets the single-process step's bits for its rows."""
     backend, device = policy.backend, policy.device
-    width = max(map(len, rollout.tokens))
+    width = max(map(len, rollout.tokens)) if width is None else width
     tokens = _response_layout(rollout.tokens, width, -1, device)
     mask = tokens >= 0
     logp_rollout = _response_layout(rollout.logprobs, width, 0.0, device)
     values_rollout = _response_layout(rollout.values, width, 0.0, device)
-    logp_train, values_train = recompute(policy, rollout, layout, settings.temperature)
-    ref_logp, _ = recompute(reference, rollout, layout, settings.temperature)
+    logp_train, values_train = recompute(policy, rollout, layout, settings.temperature, width)
+    ref_logp, _ = recompute(reference, rollout, layout, settings.temperature, width)
     kl = ops.kl_penalty(logp_train, ref_logp, "k1", backend=backend)
     rewards = kl * float(np.float32(-settings.kl_coef))                              # one multiply
     scores = torch.tensor(np.array([sequence_score(t) for t in rollout.tokens], dtype=np.float32), device=device)
@@ -126,9 +131,10 @@ def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSetti
     rows = torch.arange(len(last), device=device)
     rewards[rows, last] = rewards[rows, last] + scores                               # one add
     advantages, returns = ops.gae(rewards, values_train, mask, settings.gamma, settings.lam, backend=backend)
-    whitened = ops.masked_whiten(advantages, mask, backend=backend)
-    loss, clip_fraction = ops.ppo_policy_loss(logp_train, logp_rollout, whitened, mask, clip_low=settings.clip,
-                                              clip_high=settings.clip, backend=backend)
+    reduce, over = (ops, {}) if group is None else (distributed, {"group": group})     # one process, or the group
+    whitened = reduce.masked_whiten(advantages, mask, backend=backend, **over)
+    loss, clip_fraction = reduce.ppo_policy_loss(logp_train, logp_rollout, whitened, mask, clip_low=settings.clip,
+                                                 clip_high=settings.clip, backend=backend, **over)
     ratio = ops.exp(logp_train - logp_rollout, backend=backend)
     return StepResult(tokens, mask, logp_rollout, values_rollout, logp_train, values_train, ref_logp, scores,
                       rewards, advantages, whitened, returns, ratio, loss, clip_fraction)

@@ -40,8 +40,19 @@ BINDING = ASCEND / "npu" / "bitparity_npu.cpp"
 LAUNCH = host_emulation.EMULATION_DIR / "launch.cpp"
 KERNEL_FILES = host_emulation.KERNEL_SOURCES + host_emulation.KERNEL_HEADERS
 
-needs_gxx = pytest.mark.skipif(host_emulation.compiler() is None, reason="the host emulation needs g++")
-needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="the build-file checks need cmake")
+# g++ and cmake are test prerequisites (README): a missing one fails these tests, never skips them.
+needs_gxx = pytest.mark.usefixtures("_gxx")
+needs_cmake = pytest.mark.usefixtures("_cmake")
+
+
+@pytest.fixture
+def _gxx():
+    assert host_emulation.compiler() is not None, "the host emulation needs g++ (a test prerequisite, README)"
+
+
+@pytest.fixture
+def _cmake():
+    assert shutil.which("cmake") is not None, "the build-file checks need cmake >= 3.18 (a test prerequisite, README)"
 
 
 def _strip_comments_and_strings(text):
@@ -217,7 +228,7 @@ def test_kernels_use_only_the_allowed_api():
     assert {p.name for p in KERNEL_FILES} >= {"canonical.h", "tiling.h", "reduce.cpp", "softmax.cpp",
                                               "elementwise.cpp", "masked.cpp", "kl.cpp", "gae.cpp", "ppo.cpp",
                                               "linear.cpp", "rms_norm.cpp", "rotary.cpp", "attention.cpp",
-                                              "silu_mul.cpp"}
+                                              "silu_mul.cpp", "fold_rows.cpp", "optim.cpp", "row_fold.h"}
     violations = api_violations(_kernel_texts(), allowed_api())
     assert not violations, f"Ascend C API outside the allowed subset: {violations}"
 
@@ -354,15 +365,20 @@ BACKWARD_KERNELS = {
     "kl_penalty_backward": "kl.cpp", "ppo_policy_loss_backward": "ppo.cpp",
 }
 BACKWARD_OPS = tuple(BACKWARD_KERNELS)
+# Spec 29's training kernels, each beside its forward (fold_rows and the optimizers in their own files).
+TRAINING_KERNELS = {"fold_rows": "fold_rows.cpp", "weight_grad": "linear.cpp", "rms_norm_backward": "rms_norm.cpp",
+                    "silu_mul_backward": "silu_mul.cpp", "attention_backward": "attention.cpp",
+                    "adamw_step": "optim.cpp", "sgd_step": "optim.cpp"}
 
 
 def test_backward_ops_are_the_contracts_and_their_kernels_sit_beside_the_forwards():
-    """The nine backward names are the numpy backend's (the contract's) and the ascend backend's, each with an
+    """The backward names (spec 26's nine, spec 29's three) are the numpy backend's (the contract's) and the ascend backend's, each with an
     entry point bitparity_<op> in its forward's kernel file (ppo's token weights beside them), so the guards
     above (API subset, -Werror, one op list) cover them like every forward."""
-    assert {n for n in dir(numpy_backend) if n.endswith("_backward")} == set(BACKWARD_OPS)
-    assert {n for n in dir(ascend) if n.endswith("_backward")} == set(BACKWARD_OPS)
-    for op, file in BACKWARD_KERNELS.items():
+    backward = set(BACKWARD_OPS) | {op for op in TRAINING_KERNELS if op.endswith("_backward")}
+    assert {n for n in dir(numpy_backend) if n.endswith("_backward")} == backward
+    assert {n for n in dir(ascend) if n.endswith("_backward")} == backward
+    for op, file in {**BACKWARD_KERNELS, **TRAINING_KERNELS}.items():
         assert f"bitparity_{op}" in _ENTRY.findall((KERNEL_DIR / file).read_text()), (op, file)
     assert "bitparity_ppo_token_weights" in _ENTRY.findall((KERNEL_DIR / "ppo.cpp").read_text())
     assert {f"bitparity_{op}" for op in BACKWARD_OPS} <= kernel_entries()
@@ -382,7 +398,7 @@ def test_every_contract_op_has_an_npu_path():
         called = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         return any(reaches_npu(c, seen | {name}) for c in called if c in functions and c not in seen)
 
-    contract = [op for op in (*OPS, *MODEL_OPS, *BACKWARD_OPS)
+    contract = [op for op in (*OPS, *MODEL_OPS, *BACKWARD_OPS, *TRAINING_KERNELS)
                 if hasattr(numpy_backend, op)]   # beam_search_step, moe: ops.py
     assert set(MODEL_OPS) <= set(contract) and set(BACKWARD_OPS) <= set(contract)
     missing = [op for op in contract if op not in functions or not reaches_npu(op, frozenset())]

@@ -25,7 +25,7 @@ _ROWS = {"x_ptr": "*fp32", "mask_ptr": "*i1", "out_ptr": "*fp32",
 # A long-row configuration (LANES lanes, 16 segment slots, one row per
 # program as on the GPU, with a mask) exercises every loop and tree level.
 _LONG = {"BLOCK_R": 1, "W": 1024, "GP": 16}
-_SOFTMAX = {**_ROWS, "scale": "fp32"}
+_SOFTMAX = {**_ROWS, "scale_ptr": "*fp32"}       # one scale per row (spec 8.1)
 _ELEMENTWISE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
 _KL = {"logp_ptr": "*fp32", "ref_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
        "clamp": "fp32", "log_ratio_clamp": "fp32"}
@@ -64,11 +64,28 @@ _MASKED_MEAN_BACKWARD = {"mask_ptr": "*i1", "g_ptr": "*fp32", "out_ptr": "*fp32"
 _KL_BACKWARD = {**_KL, "g_ptr": "*fp32"}
 _PPO_BACKWARD = {**_PPO, "loss_ptr": None, "clipped_ptr": None, "mask_ptr": "*i1", "weight_ptr": "*fp32",
                  "out_ptr": "*fp32"}
+# Training (spec 29): the row fold's blocks (table, indices) and its stack of 16 levels.
+_FOLD_ROWS = {"c_ptr": "*fp32", "table_ptr": "*i64", "indices_ptr": "*i64", "first_ptr": "*i64",
+              "segments_ptr": "*i64", "out_ptr": "*fp32", "n_cols": "i32"}
+_WEIGHT_GRAD = {"x_ptr": "*fp32", "g_ptr": "*fp32", "table_ptr": "*i64", "indices_ptr": "*i64", "out_ptr": "*fp32",
+                "n_blocks": "i32", "n_out": "i32", "n_in": "i32"}
+_RMS_NORM_BACKWARD = {**_RMS_NORM, "out_ptr": None, "g_ptr": "*fp32", "dx_ptr": "*fp32", "terms_ptr": "*fp32"}
+_SILU_MUL_BACKWARD = {**_SILU_MUL, "out_ptr": None, "g_ptr": "*fp32", "d_gate_ptr": "*fp32", "d_up_ptr": "*fp32"}
+_STATS = {"shift_ptr": "*fp32", "recip_ptr": "*fp32", "big_g_ptr": "*fp32"}
+_ATTENTION_QUERIES = {**_ATTENTION, "out_ptr": None, "g_ptr": "*fp32", "dq_ptr": "*fp32", **_STATS}
+_ATTENTION_KEYS = {**_ATTENTION, "out_ptr": None, "g_ptr": "*fp32", **_STATS, "dk_ptr": "*fp32", "dv_ptr": "*fp32"}
+_ADAMW = {"w_ptr": "*fp32", "g_ptr": "*fp32", "m_ptr": "*fp32", "v_ptr": "*fp32", "w_out_ptr": "*fp32",
+          "m_out_ptr": "*fp32", "v_out_ptr": "*fp32", "n": "i32", "decay": "fp32", "b1": "fp32", "c1": "fp32",
+          "b2": "fp32", "c2": "fp32", "ibc2": "fp32", "eps": "fp32", "step": "fp32"}
+_SGD = {"w_ptr": "*fp32", "g_ptr": "*fp32", "buf_ptr": "*fp32", "w_out_ptr": "*fp32", "buf_out_ptr": "*fp32",
+        "n": "i32", "lr": "fp32", "momentum": "fp32", "one_minus_dampening": "fp32", "weight_decay": "fp32"}
 # Long K and long key rows (LANES lanes, 16 segment slots) in GPU tiles
 # (layout.dot_tile, layout.attention_tile): 2 x 2 outputs of linear; one
 # query of attention over D = 16 dims, its output 4 dims per pass.
 _LINEAR_LONG = {"BLOCK_M": 2, "BLOCK_N": 2, "W": 1024, "GP": 16}
 _ATTENTION_LONG = {"BLOCK_G": 1, "BLOCK_Q": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
+# attention's backward over the keys: one key, lanes along a long query row.
+_ATTENTION_KEYS_LONG = {"BLOCK_G": 1, "BLOCK_K": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
 # GPU geometry (layout.py): GAE's delta tiles of LANES / SCAN_TILE_COLS rows
 # by SCAN_TILE_COLS columns, its reverse loop one row per thread of a
 # SCAN_ROWS-row program.
@@ -154,6 +171,25 @@ KERNELS = {
     "ppo_backward_dual_clip": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD, {"BLOCK": 1024}, _NAN_CLAMP),
     "ppo_backward_unclamped": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD,
                                {"BLOCK": 1024, "dual_clip": None, "ratio_clamp": None}, _NAN_CLAMP),
+    # GPU tiles (layout.fold_tile, layout.weight_grad_tile).
+    "fold_rows": ("fold", "fold_rows_kernel", _FOLD_ROWS, {"B": 32, "T": 128, "LP": 16}, _ADD),
+    "weight_grad": ("linear", "weight_grad_kernel", _WEIGHT_GRAD,
+                    {"B": 16, "BLOCK_N": 16, "BLOCK_K": 16, "LP": 16}, _ARITH),
+    "rms_norm_backward": ("rms_norm", "rms_norm_backward_kernel", _RMS_NORM_BACKWARD, _LONG, _ARITH),
+    "silu_mul_backward": ("elementwise", "silu_mul_backward_kernel", _SILU_MUL_BACKWARD, {"BLOCK": 1024},
+                          (*_ARITH, "sub.rn.f32")),
+    # One row per program, 16 segment slots.  The query kernel (the softmax statistics, then two more
+    # passes over the keys) takes 128 key lanes: the same instructions as LANES lanes, in a fifth of the
+    # compile time (92 s at LANES on the development machine).
+    "attention_backward_queries": ("attention", "attention_backward_query_kernel", _ATTENTION_QUERIES,
+                                   {"CAUSAL": True, **_ATTENTION_LONG, "W": 128}, _NAN_MAX),
+    "attention_backward_keys": ("attention", "attention_backward_key_kernel", _ATTENTION_KEYS,
+                                {"CAUSAL": True, **_ATTENTION_KEYS_LONG}, (*_ARITH, "sub.rn.f32")),
+    # Every optional term on, then off where the kernel has another path (SGD's first step).
+    "adamw": ("optim", "adamw_kernel", _ADAMW, {"BLOCK": 1024}, (*_ARITH, "sub.rn.f32")),
+    "sgd_nesterov_decay": ("optim", "sgd_kernel", _SGD, {"FIRST": False, "NESTEROV": True, "BLOCK": 1024}, _ARITH),
+    "sgd_first_step": ("optim", "sgd_kernel", _SGD, {"FIRST": True, "NESTEROV": False, "BLOCK": 1024,
+                                                    "weight_decay": None}, ("mul.rn.f32", "sub.rn.f32")),
 }
 CONTROL = ("control_fused", "control_unfused")
 

@@ -284,3 +284,61 @@ def silu_mul(gate, up):
     if _on_npu():
         return npu_ops.op("silu_mul")(gate, up)
     return host_emulation.silu_mul(gate, up)
+
+
+# -- Training (spec 29) ----------------------------------------------------------------
+
+def _fold_order(segments, positions, n_segments):
+    """The rows in (segment, position) order, their positions in that order, and where each segment's rows start
+    (int64 [n_segments + 1]): the order kernels/fold_rows.cpp reads them in, by sorts and counts (integer data
+    movement, on the tensors' device)."""
+    order = torch.argsort(positions, stable=True)
+    order = order[torch.argsort(segments[order], stable=True)]
+    starts = torch.zeros(n_segments + 1, dtype=torch.int64, device=segments.device)
+    starts[1:] = torch.cumsum(torch.bincount(segments, minlength=n_segments), 0)
+    return order, positions[order].contiguous(), starts
+
+
+def fold_rows(c, segments, positions, rows, n_segments):
+    args = (c, *_fold_order(segments, positions, n_segments), rows)
+    if _on_npu():
+        return npu_ops.op("fold_rows")(*args)
+    return host_emulation.fold_rows(*args)
+
+
+def weight_grad(x, g, positions, rows):
+    if _on_npu():
+        return npu_ops.op("weight_grad")(x, g, positions, rows)
+    return host_emulation.weight_grad(x, g, positions, rows)
+
+
+def rms_norm_backward(x, weight, eps, g):
+    if _on_npu():
+        return tuple(npu_ops.op("rms_norm_backward")(x, weight, eps, g))
+    return host_emulation.rms_norm_backward(x, weight, eps, g)
+
+
+def silu_mul_backward(gate, up, g):
+    if _on_npu():
+        return tuple(npu_ops.op("silu_mul_backward")(gate, up, g))
+    return host_emulation.silu_mul_backward(gate, up, g)
+
+
+def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
+    if _on_npu():
+        return tuple(npu_ops.op("adamw_step")(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step))
+    return host_emulation.adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step)
+
+
+def sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov):
+    args = (w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov)
+    if _on_npu():
+        w, new_buf = npu_ops.op("sgd_step")(*args)
+        return w, (new_buf if momentum != 0 else buf)
+    return host_emulation.sgd_step(*args)
+
+
+def attention_backward(q, k, v, kv_lengths, causal, scale, g):
+    if _on_npu():
+        return tuple(npu_ops.op("attention_backward")(q, k, v, kv_lengths, causal, scale, g))
+    return host_emulation.attention_backward(q, k, v, kv_lengths, causal, scale, g)

@@ -53,16 +53,17 @@ LINEAR_TILE_FLOATS = 8192
 LINEAR_MAX_COLUMNS = 1024
 
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
-_SOFTMAX = [_U32, _P, _P, _P, _U32, _U32, _U32, _F32]    # blocks, x, mask, out, rows, cols, hasMask, scale
-_SOFTMAX_GRAD = [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _F32]   # blocks, x or y, mask, g, out, rows, cols, hasMask,
-                                                                 # scale
+# The softmax family: scale is f32[rows], one per row.
+_SOFTMAX = [_U32, _P, _P, _P, _P, _U32, _U32, _U32]     # blocks, x, mask, scale, out, rows, cols, hasMask
+_SOFTMAX_GRAD = [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32]   # blocks, x or y, mask, scale, g, out, rows, cols,
+                                                               # hasMask
 _SIGNATURES = {
     "bp_sum": [_U32, _P, _P, _P, _U32, _U32, _U32],
     "bp_logsumexp": _SOFTMAX,
     "bp_log_softmax": _SOFTMAX,
     "bp_softmax": _SOFTMAX,
     "bp_entropy": _SOFTMAX,
-    "bp_token_logprobs": [_U32, _P, _P, _P, _U32, _U32, _F32],
+    "bp_token_logprobs": [_U32, _P, _P, _P, _P, _U32, _U32],              # blocks, x, tokens, scale, out, rows, cols
     "bp_exp": [_U32, _P, _P, _U32],
     "bp_log": [_U32, _P, _P, _U32],
     "bp_masked_mean": [_U32, _P, _P, _P, _U32, _U32, _U32],          # blocks, x, mask, out, rows, cols, hasMask
@@ -85,9 +86,10 @@ _SIGNATURES = {
     "bp_logsumexp_backward": _SOFTMAX_GRAD,
     "bp_log_softmax_backward": _SOFTMAX_GRAD,
     "bp_softmax_backward": _SOFTMAX_GRAD,
-    "bp_entropy_backward": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _F32],   # blocks, x, mask, h, g, out, ...
-    "bp_token_logprobs_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _F32],      # blocks, x, tokens, g, out, rows,
-                                                                                 # cols, scale
+    "bp_entropy_backward": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32, _U32],     # blocks, x, mask, scale, h, g, out,
+                                                                                 # rows, cols, hasMask
+    "bp_token_logprobs_backward": [_U32, _P, _P, _P, _P, _P, _U32, _U32],        # blocks, x, tokens, scale, g, out,
+                                                                                 # rows, cols
     "bp_masked_mean_backward": [_U32, _P, _P, _P, _U32, _U32],                   # blocks, mask, g, out, rows, cols
     "bp_masked_whiten_backward": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _F32, _U32],  # blocks, x, mask, g,
                                                                                  # out, rows, cols, shiftMean,
@@ -97,6 +99,20 @@ _SIGNATURES = {
     "bp_ppo_policy_loss_backward": [_U32, _U32, _P, _P, _P, _P, _P, _P, _P, _U32, _U32, _U32, _F32, _F32, _F32,
                                     _F32],  # weightBlocks, blocks, logp, old, adv, mask, g, weights, out, rows, cols,
                                             # agg, ratioLow, ratioHigh, dualClip, ratioClamp
+    # Training (spec 29)
+    "bp_fold_rows": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32],  # blocks, c, order, positions, starts, out,
+                                                                         # m, f, segments, rows
+    "bp_weight_grad": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32],    # blocks, x, g, positions, dw, m, k, n, rows
+    "bp_rms_norm_backward": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _F32],  # blocks, x, weight, g, dx, terms, rows,
+                                                                           # cols, eps
+    "bp_silu_mul_backward": [_U32, _P, _P, _P, _P, _P, _U32],           # blocks, gate, up, g, d_gate, d_up, n
+    "bp_adamw_step": [_U32, *[_P] * 7, _U32, _U32, *[_F32] * 8],        # blocks, w, g, m, v, w/m/v out, n, hasDecay,
+                                                                         # decay, b1, c1, b2, c2, ibc2, eps, step
+    "bp_sgd_step": [_U32, *[_P] * 5, _U32, *[_F32] * 4, _U32, _U32],    # blocks, w, g, buffer, w/buffer out, n, lr,
+                                                                         # momentum, 1 - dampening, weight decay,
+                                                                         # nesterov, hasBuffer
+    "bp_attention_backward": [_U32, _U32, *[_P] * 13, _U32, _U32, _U32, _U32, _U32, _F32],  # queryBlocks,
+        # keyBlocks, q, kT, k, vT, v, qT, g, gT, kv_lengths, stats, dq, dk, dv, groups, tq, tk, d, causal, scale
 }
 
 _lock = threading.Lock()
@@ -151,28 +167,28 @@ def _blocks(items, blocks):
 
 def row_op(op, x, other, scale=None, blocks=None):
     """[R, N] -> [R]: sum and masked_mean (other = mask or None: every entry counts),
-    logsumexp/entropy (mask, scale), token_logprobs (tokens, scale)."""
+    logsumexp/entropy (mask, scale f32 [R]), token_logprobs (tokens, scale f32 [R])."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, dtype=torch.float32)
-    args = [_blocks(rows, blocks), x.data_ptr(), _ptr(other), out.data_ptr(), rows, cols]
+    head = [_blocks(rows, blocks), x.data_ptr(), _ptr(other)]
     if op == "token_logprobs":
-        args.append(scale)
+        args = [*head, scale.data_ptr(), out.data_ptr(), rows, cols]
+    elif op in ("sum", "masked_mean"):
+        args = [*head, out.data_ptr(), rows, cols, int(other is not None)]
     else:
-        args.append(int(other is not None))
-        if op not in ("sum", "masked_mean"):
-            args.append(scale)
+        args = [*head, scale.data_ptr(), out.data_ptr(), rows, cols, int(other is not None)]
     check(lib, getattr(lib, f"bp_{op}")(*args))
     return out
 
 
 def map_op(op, x, mask, scale, blocks=None):
-    """[R, N] -> [R, N]: log_softmax, softmax."""
+    """[R, N] -> [R, N]: log_softmax, softmax; scale f32 [R]."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, cols, dtype=torch.float32)
-    check(lib, getattr(lib, f"bp_{op}")(_blocks(rows, blocks), x.data_ptr(), _ptr(mask), out.data_ptr(),
-                                         rows, cols, int(mask is not None), scale))
+    check(lib, getattr(lib, f"bp_{op}")(_blocks(rows, blocks), x.data_ptr(), _ptr(mask), scale.data_ptr(),
+                                         out.data_ptr(), rows, cols, int(mask is not None)))
     return out
 
 
@@ -368,19 +384,19 @@ PPO_AGG_CODES = {"token-mean": 0, "seq-mean-token-sum": 1, "seq-mean-token-mean"
 
 
 def softmax_backward(op, x, other, scale, g, h=None, blocks=None):
-    """[R, N] -> dx [R, N] (spec 26.2-26.6).  op: logsumexp and entropy (x, other = mask or None, g [R],
-    entropy's h [R]), log_softmax and softmax (x = the forward's output, other = mask or None, g [R, N]),
+    """[R, N] -> dx [R, N] (spec 26.2-26.6), scale f32 [R].  op: logsumexp and entropy (x, other = mask or None,
+    g [R], entropy's h [R]), log_softmax and softmax (x = the forward's output, other = mask or None, g [R, N]),
     token_logprobs (x, other = tokens int64 [R], g [R])."""
     lib = library()
     rows, cols = _dims(x)
     out = torch.empty(rows, cols, dtype=torch.float32)
-    head = [_blocks(rows, blocks), x.data_ptr(), _ptr(other)]
+    head = [_blocks(rows, blocks), x.data_ptr(), _ptr(other), scale.data_ptr()]
     if op == "token_logprobs":
-        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols, scale]
+        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols]
     elif op == "entropy":
-        args = [*head, h.data_ptr(), g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None), scale]
+        args = [*head, h.data_ptr(), g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None)]
     else:
-        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None), scale]
+        args = [*head, g.data_ptr(), out.data_ptr(), rows, cols, int(other is not None)]
     check(lib, getattr(lib, f"bp_{op}_backward")(*args))
     return out
 
@@ -440,6 +456,134 @@ def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_
                                                mask.data_ptr(), g.data_ptr(), weights.data_ptr(), out.data_ptr(), rows,
                                                cols, agg, ratio_low, ratio_high, dual_clip, ratio_clamp))
     return out
+
+
+# ---- Training (spec 29) ------------------------------------------------------------
+
+# kernels/row_fold.h: a fold entry's tile, and the stack of at most 25 subtrees that bounds a fold to MAX_ROW leaves.
+FOLD_TILE_FLOATS = 1024
+FOLD_MAX_ROWS = MAX_ROW
+
+# kernels/linear.cpp's weight-gradient tiles: kb columns of k (at most WEIGHT_GRAD_COLUMNS), FOLD_TILE_FLOATS // kb
+# rows of n (how the launch is sized; no bit depends on it).
+WEIGHT_GRAD_COLUMNS = 256
+
+
+def _fold_limits(rows, *sizes):
+    """A fold over at most FOLD_MAX_ROWS leaves, and fewer than 2**32 elements in each (rows, cols) of sizes."""
+    if rows > FOLD_MAX_ROWS:
+        raise ValueError(f"the Ascend C row fold takes at most {FOLD_MAX_ROWS} rows (kernels/row_fold.h keeps at most "
+                         f"25 subtrees in UB); got rows = {rows}")
+    for size in sizes:
+        if size[0] * size[1] >= 2**32:
+            raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {size[0]} x {size[1]}")
+
+
+def fold_rows(c, order, positions, starts, rows, blocks=None):
+    """c [M, F] -> [S, F] (spec 29.1), S = len(starts) - 1: segment s folds rows order[starts[s] .. starts[s + 1]) of
+    c at positions (in that order: ascend/__init__.py's sorts by segment, then position)."""
+    lib = library()
+    m, f = c.shape
+    segments = starts.numel() - 1
+    _fold_limits(rows, (m, f), (segments, f))
+    out = torch.empty(segments, f, dtype=torch.float32)
+    tiles = -(-f // FOLD_TILE_FLOATS)
+    check(lib, lib.bp_fold_rows(_blocks(segments * tiles, blocks), c.data_ptr(), order.data_ptr(),
+                                positions.data_ptr(), starts.data_ptr(), out.data_ptr(), m, f, segments, rows))
+    return out
+
+
+def weight_grad_tiles(k, n):
+    """How many tiles kernels/linear.cpp's weight gradient cuts [N, K] into."""
+    kb = min(-(-k // 8) * 8, WEIGHT_GRAD_COLUMNS)
+    nb = min(FOLD_TILE_FLOATS // kb, n)
+    return -(-n // nb) * -(-k // kb)
+
+
+def weight_grad(x, g, positions, rows, blocks=None):
+    """x [M, K], g [M, N], positions int64 [M] strictly increasing in [0, rows) -> dW [N, K] (spec 29.2)."""
+    lib = library()
+    m, k = x.shape
+    n = g.shape[1]
+    _fold_limits(rows, (m, k), (m, n), (n, k))
+    dw = torch.empty(n, k, dtype=torch.float32)
+    check(lib, lib.bp_weight_grad(_blocks(weight_grad_tiles(k, n), blocks), x.data_ptr(), g.data_ptr(),
+                                  positions.data_ptr(), dw.data_ptr(), m, k, n, rows))
+    return dw
+
+
+def rms_norm_backward(x, weight, eps, g, blocks=None):
+    """x, g [R, D], weight [D] -> (dx, terms) [R, D] each (spec 29.3)."""
+    lib = library()
+    rows, cols = _dims(x)
+    dx = torch.empty(rows, cols, dtype=torch.float32)
+    terms = torch.empty(rows, cols, dtype=torch.float32)
+    check(lib, lib.bp_rms_norm_backward(_blocks(rows, blocks), x.data_ptr(), weight.data_ptr(), g.data_ptr(),
+                                        dx.data_ptr(), terms.data_ptr(), rows, cols, eps))
+    return dx, terms
+
+
+def silu_mul_backward(gate, up, g, blocks=None):
+    """[n] three times -> (d_gate, d_up) (spec 29.5)."""
+    lib = library()
+    n = _flat_count(gate)
+    d_gate = torch.empty_like(gate)
+    d_up = torch.empty_like(gate)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_silu_mul_backward(_blocks(tiles, blocks), gate.data_ptr(), up.data_ptr(), g.data_ptr(),
+                                        d_gate.data_ptr(), d_up.data_ptr(), n))
+    return d_gate, d_up
+
+
+def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step, blocks=None):
+    """[n] four times -> new (w, m, v) (spec 29.12); decay None skips the weight decay."""
+    lib = library()
+    n = _flat_count(w)
+    w_out, m_out, v_out = torch.empty_like(w), torch.empty_like(w), torch.empty_like(w)
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_adamw_step(_blocks(tiles, blocks), w.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                                 w_out.data_ptr(), m_out.data_ptr(), v_out.data_ptr(), n, int(decay is not None),
+                                 0.0 if decay is None else decay, b1, c1, b2, c2, ibc2, eps, step))
+    return w_out, m_out, v_out
+
+
+def sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov, blocks=None):
+    """[n] twice, buf [n] or None (the first step) -> (w, buf) (spec 29.12); buf stays as it is without momentum."""
+    lib = library()
+    n = _flat_count(w)
+    w_out = torch.empty_like(w)
+    new_buf = torch.empty_like(w) if momentum != 0 else None
+    tiles = -(-n // spec.LANES)
+    check(lib, lib.bp_sgd_step(_blocks(tiles, blocks), w.data_ptr(), g.data_ptr(), _ptr(buf), w_out.data_ptr(),
+                               _ptr(new_buf), n, lr, momentum, one_minus_dampening, weight_decay, int(nesterov),
+                               int(buf is not None)))
+    return w_out, buf if new_buf is None else new_buf
+
+
+def attention_backward(q, k, v, kv_lengths, causal, scale, g, blocks=None):
+    """q, g [G, Tq, D], k and v [G, Tk, D], kv_lengths int64 [G] -> (dq, dk, dv) (spec 29.6).  The kernels read k and
+    v also as [G, D, Tk], q and g also as [G, D, Tq] (the transposes here are copies: no arithmetic), and keep each
+    query's shift, recip and G in a workspace [3, G * Tq] between their two launches."""
+    lib = library()
+    groups, tq, d = q.shape
+    tk = k.shape[1]
+    if max(tq, tk) > ATTENTION_MAX_KEYS or d > ATTENTION_MAX_DIM:
+        raise ValueError(f"the Ascend C attention backward takes at most {ATTENTION_MAX_KEYS} keys and queries (16 "
+                         f"segments of {spec.SEGMENT}: it keeps one partial row per segment of either in UB) and head "
+                         f"dimensions of at most {ATTENTION_MAX_DIM} (its tiles' UB); got Tq = {tq}, Tk = {tk}, "
+                         f"D = {d}")
+    if groups * max(tq, tk) * d >= 2**32:
+        raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got {groups} x {max(tq, tk)} x {d}")
+    k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    q_t, g_t = q.transpose(1, 2).contiguous(), g.transpose(1, 2).contiguous()
+    stats = torch.empty(3, groups * tq, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    check(lib, lib.bp_attention_backward(_blocks(groups * tq, blocks), _blocks(groups * tk, blocks), q.data_ptr(),
+                                         k_t.data_ptr(), k.data_ptr(), v_t.data_ptr(), v.data_ptr(), q_t.data_ptr(),
+                                         g.data_ptr(), g_t.data_ptr(), kv_lengths.contiguous().data_ptr(),
+                                         stats.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), groups, tq, tk,
+                                         d, int(causal), scale))
+    return dq, dk, dv
 
 
 PROBE_SOURCE = HERE / "probe" / "probe.cpp"

@@ -4,12 +4,15 @@ The C sources compute the bits of reference/canonical.py in two or three passes
 over memory instead of one numpy pass per float32 operation.  One file per op,
 named as the cuda and ascend backends name theirs (SOURCES: reduce.c,
 softmax.c, ..., silu_mul.c); the pieces several ops share are written once in
-canonical.h, softmax_stats.h, selection.h and dot_panels.h (HEADERS).  They
+canonical.h, softmax_stats.h, selection.h, dot_panels.h and row_fold.h (HEADERS).  They
 are built into one library once per machine by backends/_build.py (cached by
 sources, headers, flags and compiler) and
 called through ctypes on the tensors' own memory; rows (for the RL
-reductions, (row, segment) pairs; for GAE, sequences) are split over
-torch.get_num_threads() OpenMP threads, or run on one when a call is small (_threads).
+reductions, (row, segment) pairs; for GAE, sequences) are split over up to
+torch.get_num_threads() threads, or run on one when a call is small (_threads).
+The caller computes the chunks no helper thread takes, and helpers are woken only
+for idle cores, so on busy cores a call runs as fast as on one thread (parallel.c,
+issue 18); a few ops still open OpenMP regions (-fopenmp).
 
 Instruction sets: the library is built for the widest of AVX-512F, AVX2 and the
 baseline that this CPU runs, asked at run time (cpu_features.c).  The width
@@ -47,8 +50,9 @@ _HERE = Path(__file__).resolve().parent
 # One C file per op, as backends/cuda and backends/ascend/kernels name theirs, built into one library; the
 # headers hold what several ops share (all static inline).  Both are in the build's cache key.
 OPS = ("reduce", "softmax", "elementwise", "masked", "kl", "gae", "ppo", "sampling", "topk", "linear", "rms_norm",
-       "rotary", "attention", "silu_mul")
-SOURCES = [_HERE / f"{op}.c" for op in OPS]
+       "rotary", "attention", "silu_mul", "fold_rows", "optim")
+# parallel.c: the helper threads the ops share (parallel.h).
+SOURCES = [_HERE / f"{op}.c" for op in OPS] + [_HERE / "parallel.c"]
 HEADERS = sorted(_HERE.glob("*.h"))
 
 # Added to _build.COMMON_FLAGS (-O2 -ffp-contract=off -fno-fast-math): no FMA, no reassociation.
@@ -56,7 +60,7 @@ HEADERS = sorted(_HERE.glob("*.h"))
 # both arms, then blend); without it the exp/log loops stay scalar.  It changes
 # no value, only whether a speculated operation may raise a floating-point
 # exception flag, which nothing here reads.
-FLAGS = ("-std=c99", "-O3", "-fno-trapping-math", "-fopenmp", "-Wall", "-Wextra")
+FLAGS = ("-std=c99", "-O3", "-fno-trapping-math", "-fopenmp", "-pthread", "-Wall", "-Wextra")
 
 # ISA level reported by cpu_features.c -> (name, extra flags)
 ISA_BUILDS = {
@@ -83,8 +87,9 @@ def _spec_defines():
 
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_ROW_OP = ([_P, _P, _I64, _I64, _F32, _P, _INT], _INT)   # x, mask|tokens, rows, n, scale, out, threads
-_ROW_BACKWARD = ([_P, _P, _P, _I64, _I64, _F32, _P, _INT], _INT)   # x|y|p, mask|tokens, g, rows, n, scale, out, threads
+# The softmax family: scale is f32[rows], one per row.
+_ROW_OP = ([_P, _P, _I64, _I64, _P, _P, _INT], _INT)   # x, mask|tokens, rows, n, scale, out, threads
+_ROW_BACKWARD = ([_P, _P, _P, _I64, _I64, _P, _P, _INT], _INT)   # x|y|p, mask|tokens, g, rows, n, scale, out, threads
 _SIGNATURES = {
     "bp_sum": ([_P, _P, _I64, _I64, _P, _INT], _INT),
     "bp_logsumexp": _ROW_OP,
@@ -122,12 +127,14 @@ _SIGNATURES = {
     "bp_attention": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT, _F32, _P, _INT], _INT),
     # gate, up, n, out, threads
     "bp_silu_mul": ([_P, _P, _I64, _P, _INT], None),
+    # on: tests make every call wake all its helpers and wait for them (parallel.h)
+    "bp_set_eager_helpers": ([_INT], None),
     # Backward (spec 26): every result is the gradient of the first input, out [rows, n]
     "bp_logsumexp_backward": _ROW_BACKWARD,
     "bp_log_softmax_backward": _ROW_BACKWARD,
     "bp_softmax_backward": _ROW_BACKWARD,
     # x, mask, h, g, rows, n, scale, out, threads
-    "bp_entropy_backward": ([_P, _P, _P, _P, _I64, _I64, _F32, _P, _INT], _INT),
+    "bp_entropy_backward": ([_P, _P, _P, _P, _I64, _I64, _P, _P, _INT], _INT),
     "bp_token_logprobs_backward": _ROW_BACKWARD,
     # mask, g, rows, n, out, threads
     "bp_masked_mean_backward": ([_P, _P, _I64, _I64, _P, _INT], _INT),
@@ -138,6 +145,22 @@ _SIGNATURES = {
     # logp, old_logp, advantages, mask, g[1], B, T, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, out, threads
     "bp_ppo_policy_loss_backward": ([_P, _P, _P, _P, _P, _I64, _I64, _F32, _F32, _F32, _F32, _INT, _P, _INT],
                                     _INT),
+    # Training (spec 29)
+    # c, segments, positions, M, F, rows, n_segments, out, threads
+    "bp_fold_rows": ([_P, _P, _P, _I64, _I64, _I64, _I64, _P, _INT], _INT),
+    # x, g, positions, M, K, N, rows, out, threads
+    "bp_weight_grad": ([_P, _P, _P, _I64, _I64, _I64, _I64, _P, _INT], _INT),
+    # x, weight, g, rows, D, eps, dx, terms, threads
+    "bp_rms_norm_backward": ([_P, _P, _P, _I64, _I64, _F32, _P, _P, _INT], _INT),
+    # gate, up, g, n, d_gate, d_up, threads
+    "bp_silu_mul_backward": ([_P, _P, _P, _I64, _P, _P, _INT], None),
+    # q, k, v, kv_lengths, G, Tq, Tk, D, causal, scale, g, dq, dk, dv, threads
+    "bp_attention_backward": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT, _F32, _P, _P, _P, _P, _INT], _INT),
+    # w, g, m, v, n, decayed, decay, b1, c1, b2, c2, ibc2, eps, step, w_out, m_out, v_out, threads
+    "bp_adamw_step": ([_P, _P, _P, _P, _I64, _INT] + [_F32] * 8 + [_P, _P, _P, _INT], None),
+    # w, g, buf (NULL: first step), n, lr, momentum, one_minus_dampening, weight_decay, nesterov, w_out, buf_out,
+    # threads
+    "bp_sgd_step": ([_P, _P, _P, _I64, _F32, _F32, _F32, _F32, _INT, _P, _P, _INT], None),
 }
 
 # The C enums kl_kind and ppo_agg, and masked.c's eps_clamp flag.
@@ -215,19 +238,19 @@ class Build:
         return self._rows("bp_sum", _per_row(x), x, mask)
 
     def logsumexp(self, x, mask, scale):
-        return self._rows("bp_logsumexp", _per_row(x), x, mask, scale)
+        return self._rows("bp_logsumexp", _per_row(x), x, mask, scale.data_ptr())
 
     def log_softmax(self, x, mask, scale):
-        return self._rows("bp_log_softmax", torch.empty_like(x), x, mask, scale)
+        return self._rows("bp_log_softmax", torch.empty_like(x), x, mask, scale.data_ptr())
 
     def softmax(self, x, mask, scale):
-        return self._rows("bp_softmax", torch.empty_like(x), x, mask, scale)
+        return self._rows("bp_softmax", torch.empty_like(x), x, mask, scale.data_ptr())
 
     def entropy(self, x, mask, scale):
-        return self._rows("bp_entropy", _per_row(x), x, mask, scale)
+        return self._rows("bp_entropy", _per_row(x), x, mask, scale.data_ptr())
 
     def token_logprobs(self, x, tokens, scale):
-        return self._rows("bp_token_logprobs", _per_row(x), x, tokens, scale)
+        return self._rows("bp_token_logprobs", _per_row(x), x, tokens, scale.data_ptr())
 
     def exp(self, x):
         return self._elementwise("bp_exp", x)
@@ -339,7 +362,7 @@ class Build:
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(getattr(self._lib, fname)(x.data_ptr(), None if other is None else other.data_ptr(), g.data_ptr(),
-                                         rows, n, scale, out.data_ptr(), _threads(x.numel())))
+                                         rows, n, scale.data_ptr(), out.data_ptr(), _threads(x.numel())))
         return out
 
     def logsumexp_backward(self, x, mask, scale, g):
@@ -355,7 +378,8 @@ class Build:
         out = torch.empty_like(x)
         rows, n = x.shape
         _check(self._lib.bp_entropy_backward(x.data_ptr(), None if mask is None else mask.data_ptr(), h.data_ptr(),
-                                             g.data_ptr(), rows, n, scale, out.data_ptr(), _threads(x.numel())))
+                                             g.data_ptr(), rows, n, scale.data_ptr(), out.data_ptr(),
+                                             _threads(x.numel())))
         return out
 
     def token_logprobs_backward(self, x, tokens, scale, g):
@@ -392,6 +416,59 @@ class Build:
                                                      _unset_is_inf(dual_clip), _unset_is_inf(ratio_clamp),
                                                      _PPO_AGGS[agg], out.data_ptr(), _threads(logp.numel())))
         return out
+
+    # -- Training (spec 29) --------------------------------------------------------------------------
+
+    def fold_rows(self, c, segments, positions, rows, n_segments):
+        out = torch.empty((n_segments, c.shape[1]), dtype=torch.float32)
+        m, f = c.shape
+        _check(self._lib.bp_fold_rows(c.data_ptr(), segments.data_ptr(), positions.data_ptr(), m, f, rows,
+                                      n_segments, out.data_ptr(), _threads(c.numel())))
+        return out
+
+    def weight_grad(self, x, g, positions, rows):
+        (m, k), n = x.shape, g.shape[1]
+        out = torch.empty((n, k), dtype=torch.float32)
+        _check(self._lib.bp_weight_grad(x.data_ptr(), g.data_ptr(), positions.data_ptr(), m, k, n, rows,
+                                        out.data_ptr(), _threads(m * k * n)))
+        return out
+
+    def rms_norm_backward(self, x, weight, eps, g):
+        dx, terms = torch.empty_like(x), torch.empty_like(x)
+        rows, d = x.shape
+        _check(self._lib.bp_rms_norm_backward(x.data_ptr(), weight.data_ptr(), g.data_ptr(), rows, d, eps,
+                                              dx.data_ptr(), terms.data_ptr(), _threads(rows * d)))
+        return dx, terms
+
+    def silu_mul_backward(self, gate, up, g):
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(gate)
+        self._lib.bp_silu_mul_backward(gate.data_ptr(), up.data_ptr(), g.data_ptr(), gate.numel(), d_gate.data_ptr(),
+                                       d_up.data_ptr(), _threads(gate.numel()))
+        return d_gate, d_up
+
+    def attention_backward(self, q, k, v, kv_lengths, causal, scale, g):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        groups, tq, d = q.shape
+        _check(self._lib.bp_attention_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), kv_lengths.data_ptr(),
+                                               groups, tq, k.shape[1], d, causal, scale, g.data_ptr(),
+                                               dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                               _threads(groups * tq * k.shape[1] * d)))
+        return dq, dk, dv
+
+    def adamw_step(self, w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
+        w_out, m_out, v_out = torch.empty_like(w), torch.empty_like(w), torch.empty_like(w)
+        self._lib.bp_adamw_step(w.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), w.numel(), decay is not None,
+                                0.0 if decay is None else decay, b1, c1, b2, c2, ibc2, eps, step, w_out.data_ptr(),
+                                m_out.data_ptr(), v_out.data_ptr(), _threads(w.numel()))
+        return w_out, m_out, v_out
+
+    def sgd_step(self, w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov):
+        w_out = torch.empty_like(w)
+        buf_out = None if momentum == 0 else torch.empty_like(w)
+        self._lib.bp_sgd_step(w.data_ptr(), g.data_ptr(), None if buf is None else buf.data_ptr(), w.numel(), lr,
+                              momentum, one_minus_dampening, weight_decay, nesterov, w_out.data_ptr(),
+                              None if buf_out is None else buf_out.data_ptr(), _threads(w.numel()))
+        return w_out, buf_out
 
 
 _lock = threading.Lock()
@@ -542,3 +619,31 @@ def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
 def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, g):
     return build().ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip,
                                             ratio_clamp, agg, g)
+
+
+def fold_rows(c, segments, positions, rows, n_segments):
+    return build().fold_rows(c, segments, positions, rows, n_segments)
+
+
+def weight_grad(x, g, positions, rows):
+    return build().weight_grad(x, g, positions, rows)
+
+
+def rms_norm_backward(x, weight, eps, g):
+    return build().rms_norm_backward(x, weight, eps, g)
+
+
+def silu_mul_backward(gate, up, g):
+    return build().silu_mul_backward(gate, up, g)
+
+
+def attention_backward(q, k, v, kv_lengths, causal, scale, g):
+    return build().attention_backward(q, k, v, kv_lengths, causal, scale, g)
+
+
+def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
+    return build().adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step)
+
+
+def sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov):
+    return build().sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov)

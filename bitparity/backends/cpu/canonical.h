@@ -6,7 +6,8 @@
  * over row-major float32 arrays, in one file per op named as the cuda and
  * ascend backends name theirs: reduce.c, softmax.c, elementwise.c, masked.c,
  * kl.c, gae.c, ppo.c, sampling.c, topk.c, linear.c, rms_norm.c, rotary.c,
- * attention.c, silu_mul.c.  The canonical pieces are written once, here: lane
+ * attention.c, silu_mul.c, and for training (spec 29) fold_rows.c and optim.c.
+ * The canonical pieces are written once, here: lane
  * accumulation + halving tree (spec 3), segment partials, the NaN-propagating
  * maximum (spec 4), exp (spec 5), log (spec 6), the reciprocal (spec 7), and
  * for the RL operators rsqrt (spec 15.2) and the masked mean (spec 15.1),
@@ -19,8 +20,9 @@
  * ops share beyond them
  * is written once too: in softmax_stats.h (spec 8.2's row statistics:
  * softmax.c, attention.c), selection.h (spec 21's order keys, k-th largest
- * key and selection scratch: topk.c, sampling.c) and dot_panels.h (spec 24's
- * sums of products: linear.c, attention.c).  The headers' functions are
+ * key and selection scratch: topk.c, sampling.c), dot_panels.h (spec 24's
+ * sums of products: linear.c, attention.c) and row_fold.h (spec 29.1's row
+ * fold: fold_rows.c, linear.c's weight_grad).  The headers' functions are
  * static, most of them inline, so each op's file is compiled seeing every
  * piece it calls, as when all were one file.
  *
@@ -63,6 +65,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "parallel.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -411,14 +415,47 @@ static inline float mean_of(float sum, int64_t count)
  * reduction (one row [1, B*T]) spreads over every thread with the same bits.
  * args: one per row (the mean of the _DEV kinds), or NULL.
  * Returns 0, or -1 if scratch could not be allocated. */
+struct segment_sums {
+    enum term kind;
+    const float *x, *y;
+    const uint8_t *mask;
+    int64_t n, g, gp, w;
+    const struct term_args *args;
+    float *partials;
+    int64_t *seg_counts;
+};
+
+/* masked_row_sums' (row, segment) items [begin, end): each segment's count and partial. */
+static inline void segment_sums_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct segment_sums *c = ctx;
+    const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t n = c->n, g = c->g, w = c->w;
+    for (int64_t item = begin; item < end; item++) {
+        float lanes[BP_LANES];
+        int64_t r = item / g, seg = item % g, s = seg * BP_SEGMENT;
+        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
+        const uint8_t *ms = c->mask ? c->mask + r * n + s : NULL;
+        c->seg_counts[item] = count_true(ms, len);
+        if (c->x == NULL)
+            continue;
+        const float *xs = c->x + r * n + s;
+        const float *ys = c->y ? c->y + r * n + s : NULL;
+        const struct term_args *a = c->args ? &c->args[r] : &none;
+        /* one inlined loop per term kind, each compiled for its constant kind */
+        c->partials[r * c->gp + seg] =
+            c->kind == TERM_SQ_DEV ? segment_sum(TERM_SQ_DEV, xs, NULL, ms, len, w, a, lanes)
+            : c->kind == TERM_MASKED_Y_DEV ? segment_sum(TERM_MASKED_Y_DEV, xs, ys, ms, len, w, a, lanes)
+            : segment_sum(TERM_MASKED_X, xs, NULL, ms, len, w, a, lanes);
+    }
+}
+
 static inline int masked_row_sums(enum term kind, const float *x, const float *y, const uint8_t *mask,
                                   int64_t rows, int64_t n, const struct term_args *args, float *sums,
                                   int64_t *counts, int nthreads)
 {
-    const struct term_args none = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
     int64_t gp = next_pow2(g);
-    int64_t w = lane_width(n);
     float *partials = malloc(sizeof(float) * (size_t)(rows * gp));
     int64_t *seg_counts = malloc(sizeof(int64_t) * (size_t)(rows * g));
     if (partials == NULL || seg_counts == NULL) {
@@ -426,23 +463,8 @@ static inline int masked_row_sums(enum term kind, const float *x, const float *y
         free(seg_counts);
         return -1;
     }
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t item = 0; item < rows * g; item++) {
-        float lanes[BP_LANES];
-        int64_t r = item / g, seg = item % g, s = seg * BP_SEGMENT;
-        int64_t len = n - s < BP_SEGMENT ? n - s : BP_SEGMENT;
-        const uint8_t *ms = mask ? mask + r * n + s : NULL;
-        seg_counts[item] = count_true(ms, len);
-        if (x == NULL)
-            continue;
-        const float *xs = x + r * n + s;
-        const float *ys = y ? y + r * n + s : NULL;
-        const struct term_args *a = args ? &args[r] : &none;
-        /* one inlined loop per term kind, each compiled for its constant kind */
-        partials[r * gp + seg] = kind == TERM_SQ_DEV ? segment_sum(TERM_SQ_DEV, xs, NULL, ms, len, w, a, lanes)
-                               : kind == TERM_MASKED_Y_DEV ? segment_sum(TERM_MASKED_Y_DEV, xs, ys, ms, len, w, a, lanes)
-                               : segment_sum(TERM_MASKED_X, xs, NULL, ms, len, w, a, lanes);
-    }
+    const struct segment_sums ctx = {kind, x, y, mask, n, g, gp, lane_width(n), args, partials, seg_counts};
+    bp_parallel_for(segment_sums_span, &ctx, rows * g, nthreads);
     for (int64_t r = 0; r < rows; r++) {
         if (x != NULL)
             sums[r] = combine_partials(partials + r * gp, g);
@@ -475,14 +497,26 @@ static inline int masked_mean_rows(const float *x, const uint8_t *mask, int64_t 
  * bit depends on the split. */
 typedef void span_fn(const void *ctx, int64_t r, int64_t start, int64_t end);
 
+struct row_segments {
+    span_fn *fn;
+    const void *ctx;
+    int64_t n, g;
+};
+
+/* run_row_segments' items [begin, end). */
+static inline void row_segments_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct row_segments *c = ctx;
+    for (int64_t item = begin; item < end; item++) {
+        int64_t r = item / c->g, s = (item % c->g) * BP_SEGMENT;
+        c->fn(c->ctx, r, s, c->n - s < BP_SEGMENT ? c->n : s + BP_SEGMENT);
+    }
+}
+
 static inline void run_row_segments(span_fn *fn, const void *ctx, int64_t rows, int64_t n, int nthreads)
 {
-    int64_t g = (n + BP_SEGMENT - 1) / BP_SEGMENT;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t item = 0; item < rows * g; item++) {
-        int64_t r = item / g, s = (item % g) * BP_SEGMENT;
-        fn(ctx, r, s, n - s < BP_SEGMENT ? n : s + BP_SEGMENT);
-    }
+    const struct row_segments c = {fn, ctx, n, (n + BP_SEGMENT - 1) / BP_SEGMENT};
+    bp_parallel_for(row_segments_span, &c, rows * c.g, nthreads);
 }
 
 /* -- Row ops (docs/backend-contract.md) ------------------------------------ */
@@ -511,31 +545,38 @@ struct row_args {
 /* Row r of a row op, with its thread's scratch. */
 typedef void row_fn(const struct row_args *a, int64_t r, const struct scratch *sc);
 
-/* Runs row over rows under `omp parallel for schedule(static)`: a thread owns
- * whole rows and its own scratch, so no bit depends on the thread count.
+struct rows_job {
+    row_fn *row;
+    const struct row_args *a;
+};
+
+/* A member of run_rows' job: its own scratch, then the rows it claims. */
+static inline int rows_member(const void *ctx, struct bp_job *job)
+{
+    const struct rows_job *c = ctx;
+    int64_t gp = next_pow2((c->a->n + BP_SEGMENT - 1) / BP_SEGMENT);
+    struct scratch sc;
+    sc.lanes = malloc(sizeof(float) * (size_t)(2 * BP_LANES + 3 * gp));
+    if (sc.lanes == NULL)
+        return -1;
+    sc.seg_max = sc.lanes + 2 * BP_LANES;
+    sc.seg_count = sc.seg_max + gp;
+    sc.seg_rest = sc.seg_count + gp;
+    int64_t begin, end;
+    while (bp_claim(job, &begin, &end))
+        for (int64_t r = begin; r < end; r++)
+            c->row(c->a, r, &sc);
+    free(sc.lanes);
+    return 0;
+}
+
+/* Runs row over rows on bp_parallel's threads: a thread computes whole rows
+ * with its own scratch, so no bit depends on which thread or how many.
  * Returns 0, or -1 if scratch could not be allocated. */
 static inline int run_rows(row_fn *row, const struct row_args *a, int64_t rows, int nthreads)
 {
-    int64_t gp = next_pow2((a->n + BP_SEGMENT - 1) / BP_SEGMENT);
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads) reduction(|:failed)
-    {
-        struct scratch sc;
-        sc.lanes = malloc(sizeof(float) * (size_t)(2 * BP_LANES + 3 * gp));
-        sc.seg_max = sc.lanes + 2 * BP_LANES;
-        sc.seg_count = sc.seg_max + gp;
-        sc.seg_rest = sc.seg_count + gp;
-        failed = sc.lanes == NULL;
-        /* every thread reaches the loop: a worksharing loop needs all of them */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (failed)
-                continue;
-            row(a, r, &sc);
-        }
-        free(sc.lanes);
-    }
-    return failed ? -1 : 0;
+    const struct rows_job c = {row, a};
+    return bp_parallel(rows_member, &c, rows, nthreads);
 }
 
 #endif /* BP_CPU_CANONICAL_H */

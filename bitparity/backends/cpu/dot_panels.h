@@ -1,7 +1,7 @@
 /* Sums of products (spec 24's dot) for the `cpu` backend, PANEL sums at a time:
  * the panels that linear.c and attention.c pack their second factor into, and
- * attention's panel_dot.  See canonical.h for why the bits cannot depend on
- * the build. */
+ * attention's panel_dot (forward and backward).  See canonical.h for why the
+ * bits cannot depend on the build. */
 
 #ifndef BP_CPU_DOT_PANELS_H
 #define BP_CPU_DOT_PANELS_H
@@ -37,9 +37,11 @@ static inline int64_t panel_scratch_size(int64_t n)
     return (lane_width(n) + next_pow2((n + BP_SEGMENT - 1) / BP_SEGMENT)) * PANEL;
 }
 
-/* out[c] = canonical sum over j < n of a[j] * panel[j][c], each product rounded once, for c < PANEL
- * (spec 3; spec 24's dot).  scratch: panel_scratch_size(n) floats. */
-ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, float *scratch, float *out)
+/* out[c] = canonical sum over j < n of a[j] * panel[j][c], each product rounded once, for c < PANEL, with
+ * the terms j < first absent (-0.0: attention's backward sums over the queries that see a key, a suffix).
+ * Spec 3; spec 24's dot.  scratch: panel_scratch_size(n) floats. */
+ALWAYS_INLINE void panel_dot_from(const float *a, const float *panel, int64_t first, int64_t n, float *scratch,
+                                  float *out)
 {
     int64_t w = lane_width(n);
     float *lanes = scratch, *partials = scratch + w * PANEL;
@@ -49,7 +51,7 @@ ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, floa
         for (int64_t i = 0; i < w * PANEL; i++)
             lanes[i] = NEG_ZERO;
         /* term j goes to lane j mod W, so each lane meets its terms in increasing order */
-        for (int64_t j = 0; j < len; j++) {
+        for (int64_t j = first > s ? first - s : 0; j < len; j++) {
             float aj = a[s + j];
             const float *pj = panel + (s + j) * PANEL;
             float *lj = lanes + (j & (w - 1)) * PANEL;
@@ -63,6 +65,12 @@ ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, floa
     }
     combine_partials_cols(partials, g, PANEL);
     memcpy(out, partials, sizeof(float) * PANEL);
+}
+
+/* panel_dot_from with every term present. */
+ALWAYS_INLINE void panel_dot(const float *a, const float *panel, int64_t n, float *scratch, float *out)
+{
+    panel_dot_from(a, panel, 0, n, scratch, out);
 }
 
 #endif /* BP_CPU_DOT_PANELS_H */

@@ -1,7 +1,8 @@
-/* linear (spec 24.1) for the `cpu` backend.
- * canonical.h says why the bits cannot depend on the build. */
+/* linear (spec 24.1) for the `cpu` backend, and its weight's gradient (spec 29.2; its input's gradient is
+ * linear itself, of g by the transposed weight).  canonical.h says why the bits cannot depend on the build. */
 
 #include "dot_panels.h"
+#include "row_fold.h"
 
 /* linear's kernel: a tile of TILE_ROWS rows of x by one panel's PANEL outputs, each output its own canonical
  * sum, held in registers as one PANEL-wide vector per row (gcc's vector extension: element-wise IEEE ops,
@@ -117,6 +118,53 @@ ALWAYS_INLINE struct tile linear_tile(const float *const *x, int rows, const flo
     return partials[0];
 }
 
+struct linear_job {
+    const float *x, *weight, *bias;
+    int64_t m, k, n, blocks;
+    float *packed, *out;
+};
+
+/* The weight's panels [begin, end), packed. */
+static void pack_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct linear_job *c = ctx;
+    for (int64_t p = begin; p < end; p++)
+        pack_panel(c->weight, c->k, c->n, p * PANEL, c->k, 1, c->packed + p * c->k * PANEL);
+}
+
+/* A member of linear's job: its own scratch, then the (panel, block) items it claims. */
+static int linear_member(const void *ctx, struct bp_job *job)
+{
+    const struct linear_job *c = ctx;
+    int64_t m = c->m, k = c->k, n = c->n, blocks = c->blocks;
+    float *scratch = malloc(sizeof(float) * (size_t)tile_scratch_size(k));
+    if (scratch == NULL)
+        return -1;
+    int64_t begin, end;
+    while (bp_claim(job, &begin, &end))
+        for (int64_t item = begin; item < end; item++) {
+            int64_t p = item / blocks, r0 = item % blocks * TILE_ROWS, c0 = p * PANEL;
+            int rows = m - r0 < TILE_ROWS ? (int)(m - r0) : TILE_ROWS;
+            const float *xr[TILE_ROWS];
+            for (int r = 0; r < rows; r++)
+                xr[r] = c->x + (r0 + r) * k;
+            const float *panel = c->packed + p * k * PANEL;
+            struct tile y;
+            if (rows == TILE_ROWS)
+                y = linear_tile(xr, TILE_ROWS, panel, k, scratch);
+            else
+                for (int r = 0; r < rows; r++)
+                    y.row[r] = linear_tile(xr + r, 1, panel, k, scratch).row[0];
+            for (int r = 0; r < rows; r++) {
+                float *orow = c->out + (r0 + r) * n + c0;
+                for (int64_t col = 0; col < PANEL && c0 + col < n; col++)
+                    orow[col] = c->bias ? y.row[r][col] + c->bias[c0 + col] : y.row[r][col];
+            }
+        }
+    free(scratch);
+    return 0;
+}
+
 /* linear (spec 24.1): out [m, n] = the canonical dots of x [m, k] with weight [n, k] (+ bias [n], one
  * add; no + 0.0).  The weight is packed once into panels of PANEL outputs; (panel, block of TILE_ROWS rows)
  * items are split over threads, rows inner, so a thread reuses its panel from cache.  The last block's
@@ -128,40 +176,91 @@ int bp_linear(const float *x, const float *weight, const float *bias, int64_t m,
     float *packed = malloc(sizeof(float) * (size_t)(panels * k * PANEL));
     if (packed == NULL)
         return -1;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++)
-        pack_panel(weight, k, n, p * PANEL, k, 1, packed + p * k * PANEL);
-    int64_t scratch_size = tile_scratch_size(k);
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads) reduction(|:failed)
-    {
-        float *scratch = malloc(sizeof(float) * (size_t)scratch_size);
-        failed = scratch == NULL;
-        /* every thread reaches the loop: a worksharing loop needs all of them */
-#pragma omp for schedule(static)
-        for (int64_t item = 0; item < panels * blocks; item++) {
-            if (failed)
-                continue;
-            int64_t p = item / blocks, r0 = item % blocks * TILE_ROWS, c0 = p * PANEL;
-            int rows = m - r0 < TILE_ROWS ? (int)(m - r0) : TILE_ROWS;
-            const float *xr[TILE_ROWS];
-            for (int r = 0; r < rows; r++)
-                xr[r] = x + (r0 + r) * k;
-            const float *panel = packed + p * k * PANEL;
-            struct tile y;
-            if (rows == TILE_ROWS)
-                y = linear_tile(xr, TILE_ROWS, panel, k, scratch);
-            else
-                for (int r = 0; r < rows; r++)
-                    y.row[r] = linear_tile(xr + r, 1, panel, k, scratch).row[0];
-            for (int r = 0; r < rows; r++) {
-                float *orow = out + (r0 + r) * n + c0;
-                for (int64_t c = 0; c < PANEL && c0 + c < n; c++)
-                    orow[c] = bias ? y.row[r][c] + bias[c0 + c] : y.row[r][c];
-            }
-        }
-        free(scratch);
-    }
+    const struct linear_job c = {x, weight, bias, m, k, n, blocks, packed, out};
+    bp_parallel_for(pack_span, &c, panels, nthreads);
+    int status = bp_parallel(linear_member, &c, panels * blocks, nthreads);
     free(packed);
-    return failed ? -1 : 0;
+    return status;
+}
+
+struct weight_grad_job {
+    const float *x, *g;
+    int64_t m, k, n, panels, depth;
+    const uint8_t *adds;            /* the fold's schedule (row_fold.h) */
+    float *x_packed, *g_packed;     /* [panel][m][PANEL]: x's columns, g's outputs */
+    float *out;
+};
+
+/* Panels [begin, end) of x's columns, then of g's outputs. */
+static void weight_grad_pack_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct weight_grad_job *c = ctx;
+    int64_t m = c->m, x_panels = c->panels;
+    for (int64_t p = begin; p < end; p++) {
+        if (p < x_panels)
+            pack_panel(c->x, m, c->k, p * PANEL, 1, c->k, c->x_packed + p * m * PANEL);
+        else
+            pack_panel(c->g, m, c->n, (p - x_panels) * PANEL, 1, c->n, c->g_packed + (p - x_panels) * m * PANEL);
+    }
+}
+
+/* A member of weight_grad's job: its stack of tiles, then the (output block, column panel) items it claims:
+ * TILE_ROWS outputs o by PANEL columns c, the schedule replayed over the m rows, row i's leaf holding
+ * g[i][o] * x[i][c] (one PANEL-wide vector of x's row by one g each). */
+static int weight_grad_member(const void *ctx, struct bp_job *job)
+{
+    const struct weight_grad_job *c = ctx;
+    int64_t m = c->m, k = c->k, n = c->n, panels = c->panels;
+    struct tile *stack = malloc(sizeof(struct tile) * (size_t)c->depth);
+    if (stack == NULL)
+        return -1;
+    int64_t begin, end;
+    while (bp_claim(job, &begin, &end))
+        for (int64_t item = begin; item < end; item++) {
+            int64_t o0 = item / panels * TILE_ROWS, c0 = item % panels * PANEL;
+            const float *xp = c->x_packed + c0 * m;
+            const float *gp = c->g_packed + o0 / PANEL * m * PANEL + o0 % PANEL;
+            int64_t top = 0;
+            for (int64_t i = 0; i < m; i++) {
+                for (int a = 0; a < c->adds[i]; a++, top--)
+                    fold_add((float *)stack, top, TILE_ROWS * PANEL);
+                panel_vec xi = load_panel_vec(xp + i * PANEL);
+                for (int r = 0; r < TILE_ROWS; r++)
+                    stack[top].row[r] = gp[i * PANEL + r] * xi;
+                top++;
+            }
+            for (; top > 1; top--)
+                fold_add((float *)stack, top, TILE_ROWS * PANEL);
+            for (int r = 0; r < TILE_ROWS && o0 + r < n; r++)
+                for (int64_t col = 0; col < PANEL && c0 + col < k; col++)
+                    c->out[(o0 + r) * k + c0 + col] = m > 0 ? stack[0].row[r][col] : NEG_ZERO;
+        }
+    free(stack);
+    return 0;
+}
+
+/* weight_grad (spec 29.1, 29.2): x [m, k], g [m, n], positions [m] strictly increasing in [0, rows) ->
+ * out [n, k], out[o][c] = the row fold over the rows at positions[i] of g[i][o] * x[i][c], each product
+ * rounded once.  The fold's schedule (row_fold.h) is made once from the positions, x and g are packed into
+ * panels ([m][PANEL], zeros past k and n), and tiles of TILE_ROWS outputs by PANEL columns are split over
+ * threads, each replaying the schedule with a stack of tiles.  No [m, n, k] product is formed: the work is a
+ * GEMM's, plus the fold's one add per product.  Products of the zeros past k and n are dropped.  Returns 0,
+ * or -1 if scratch could not be allocated. */
+int bp_weight_grad(const float *x, const float *g, const int64_t *positions, int64_t m, int64_t k, int64_t n,
+                   int64_t rows, float *out, int nthreads)
+{
+    int64_t x_panels = (k + PANEL - 1) / PANEL, g_panels = (n + PANEL - 1) / PANEL;
+    uint8_t *adds = malloc((size_t)m + 1);
+    float *packed = malloc(sizeof(float) * (size_t)((x_panels + g_panels) * m * PANEL + 1));
+    int status = -1;
+    if (adds != NULL && packed != NULL) {
+        fold_schedule(positions, m, adds);
+        const struct weight_grad_job c = {x, g, m, k, n, x_panels, fold_depth(rows), adds, packed,
+                                          packed + x_panels * m * PANEL, out};
+        bp_parallel_for(weight_grad_pack_span, &c, x_panels + g_panels, nthreads);
+        status = bp_parallel(weight_grad_member, &c, (n + TILE_ROWS - 1) / TILE_ROWS * x_panels, nthreads);
+    }
+    free(adds);
+    free(packed);
+    return status;
 }

@@ -31,15 +31,17 @@ else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     _INTERPRETED = bool(triton.knobs.runtime.interpret)
 
-    from .attention import attention
-    from .elementwise import exp, log, silu_mul
+    from .attention import attention, attention_backward
+    from .elementwise import exp, log, silu_mul, silu_mul_backward
+    from .fold import fold_rows
     from .gae import gae
     from .kl import kl_penalty, kl_penalty_backward
-    from .linear import linear
+    from .linear import linear, weight_grad
     from .masked import masked_mean, masked_mean_backward, masked_whiten, masked_whiten_backward
+    from .optim import adamw_step, sgd_step
     from .ppo import ppo_policy_loss, ppo_policy_loss_backward
     from .reduce import sum  # noqa: A004 - the op's public name
-    from .rms_norm import rms_norm
+    from .rms_norm import rms_norm, rms_norm_backward
     from .rotary import rotary
     from .sampling import filter_logits, philox, sample
     from .softmax import (entropy, entropy_backward, log_softmax, log_softmax_backward, logsumexp,
@@ -53,7 +55,9 @@ else:
                "linear", "rms_norm", "rotary", "attention", "silu_mul",
                "logsumexp_backward", "log_softmax_backward", "softmax_backward", "entropy_backward",
                "token_logprobs_backward", "masked_mean_backward", "masked_whiten_backward",
-               "kl_penalty_backward", "ppo_policy_loss_backward"]
+               "kl_penalty_backward", "ppo_policy_loss_backward",
+               "fold_rows", "weight_grad", "rms_norm_backward", "silu_mul_backward",
+               "attention_backward", "adamw_step", "sgd_step"]
 
 
 def availability():

@@ -18,6 +18,7 @@ operation order, so each op kernel reads as the reference does:
 - ``negate``, ``nan_min``, ``nan_clamp``: sign flip and NaN-propagating
   clamps of the RL operators (spec 16, 17);
 - ``count_reciprocal``, ``rsqrt``, ``k3``, ``k3_derivative``: spec 15.1, 15.2, 16 and 26.9;
+- ``sqrt32``, ``recip``: the square root and the general reciprocal of spec 29.10, 29.11;
 - ``order_key``: spec 21's order as int32 keys; ``search_probes`` and
   ``search_narrow``: an 8-way search over keys for a monotone predicate;
   ``kth_largest_key``: the k-th largest key of each row, by that search with exact counts.
@@ -406,6 +407,37 @@ def rsqrt(y):
     for _ in tl.static_range(RSQRT_NEWTON_STEPS):
         r = r * (THREE_HALVES - (h * r) * r)
     return tl.where(y == POS_INF, 0.0, r)
+
+
+@triton.jit
+def sqrt32(y):
+    # sqrt(y) for y >= 0, as canonical.sqrt32 (spec 29.10): s = y * rsqrt(y), then one
+    # correction by the Dekker-exact residual y - s*s; +0.0 below the smallest normal
+    # (y = 1 stands in for it), +inf at +inf (where s is inf * 0), NaN propagates.
+    small = y < MIN_NORMAL
+    safe = tl.where(small, 1.0, y)
+    r = rsqrt(safe)
+    s = safe * r
+    p = s * s
+    sh, sl = _split(s)
+    err = ((sh * sh - p) + (sh * sl + sh * sl)) + sl * sl              # s*s - p, exactly
+    s = s + ((safe - p) - err) * (HALF * r)
+    return tl.where(small, 0.0, tl.where(y == POS_INF, POS_INF, s))
+
+
+@triton.jit
+def recip(d):
+    # 1/d for a positive normal d, as canonical.recip (spec 29.11): d = m * 2**e with
+    # m in [1, 2); reciprocal(m) (spec 7) times 2**-e, built from its bits; for e = 127,
+    # 2**-127 is subnormal, so (reciprocal(m) * 0.5) * 2**-126.  Other inputs follow
+    # the same integer steps (int32 wrap-around), as the reference's do.
+    bits = d.to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    mantissa = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    r = reciprocal(mantissa)
+    low = e == 127
+    scale = ((127 - tl.where(low, 126, e)) << 23).to(tl.float32, bitcast=True)
+    return tl.where(low, (r * HALF) * scale, r * scale)
 
 
 @triton.jit

@@ -29,6 +29,15 @@ INTERPRETER_TILE = 1 << 16
 INTERPRETER_PRODUCTS = 1 << 20
 GPU_PRODUCTS = 4 * spec.LANES
 
+# Leaf positions per block of the row fold (fold.py, and weight_grad in
+# linear.py).  The interpreter pays per block visited, so it takes long
+# blocks; on the GPU a block's adjacent tree stays in a program's registers
+# (GPU_PRODUCTS elements: 32 positions by 128 columns, or 16 rows by 16 x 16
+# products), and each block costs one step of the stack above the blocks.
+INTERPRETER_FOLD_BLOCK = 256
+GPU_FOLD_BLOCK = 32
+GPU_WEIGHT_GRAD_BLOCK = 16
+
 # GAE on the GPU (gae.py): rows per program of the reverse loop (one per
 # thread of four warps), and columns of a delta tile: one warp wide, so the
 # gathers of its search for the next counted column stay warp shuffles.
@@ -77,6 +86,28 @@ def dot_tile(n_a, n_b, width):
     pairs = max(1, _products() // width)
     block_a = min(next_pow2(n_a), 1 << ((pairs.bit_length() - 1) // 2))
     return block_a, min(next_pow2(n_b), max(1, pairs // block_a))
+
+
+def fold_tile(n_rows, n_cols):
+    """(B, T): leaf positions per block of the row fold (fold.py) and columns per program; never
+    changes a bit (spec 29.1's tree is the same whatever the block).  The interpreter takes
+    blocks of up to INTERPRETER_FOLD_BLOCK positions and the columns that fit beside them in
+    INTERPRETER_TILE; the GPU blocks of GPU_FOLD_BLOCK positions by the columns that fill
+    GPU_PRODUCTS elements."""
+    if triton.knobs.runtime.interpret:
+        block = min(next_pow2(n_rows), INTERPRETER_FOLD_BLOCK)
+        return block, min(next_pow2(n_cols), INTERPRETER_TILE // block)
+    block = min(next_pow2(n_rows), GPU_FOLD_BLOCK)
+    return block, min(next_pow2(n_cols), GPU_PRODUCTS // block)
+
+
+def weight_grad_tile(n_rows, n_out, n_in):
+    """(B, BLOCK_N, BLOCK_K): leaf positions per block of the row fold and a tile of weight
+    gradients (linear.py); never changes a bit.  The block's products [B, BLOCK_N, BLOCK_K] fill
+    a tile of dot products (dot_tile with B in place of the lanes)."""
+    limit = INTERPRETER_FOLD_BLOCK if triton.knobs.runtime.interpret else GPU_WEIGHT_GRAD_BLOCK
+    block = min(next_pow2(n_rows), limit)
+    return (block, *dot_tile(n_out, n_in, block))
 
 
 def block_rows(n_rows, width):

@@ -42,27 +42,27 @@ def sum(x, mask):  # noqa: A001 - the op's public name
 
 @_quiet
 def logsumexp(x, mask, scale):
-    return _torch(canonical.logsumexp(_np(x), _np(mask), scale))
+    return _torch(canonical.logsumexp(_np(x), _np(mask), _np(scale)))
 
 
 @_quiet
 def log_softmax(x, mask, scale):
-    return _torch(canonical.log_softmax(_np(x), _np(mask), scale))
+    return _torch(canonical.log_softmax(_np(x), _np(mask), _np(scale)))
 
 
 @_quiet
 def softmax(x, mask, scale):
-    return _torch(canonical.softmax(_np(x), _np(mask), scale))
+    return _torch(canonical.softmax(_np(x), _np(mask), _np(scale)))
 
 
 @_quiet
 def entropy(x, mask, scale):
-    return _torch(canonical.entropy(_np(x), _np(mask), scale))
+    return _torch(canonical.entropy(_np(x), _np(mask), _np(scale)))
 
 
 @_quiet
 def token_logprobs(x, tokens, scale):
-    return _torch(canonical.token_logprobs(_np(x), _np(tokens), scale))
+    return _torch(canonical.token_logprobs(_np(x), _np(tokens), _np(scale)))
 
 
 @_quiet
@@ -154,27 +154,27 @@ def silu_mul(gate, up):
 
 @_quiet
 def logsumexp_backward(x, mask, scale, g):
-    return _torch(canonical.logsumexp_backward(_np(x), _np(mask), scale, _np(g)))
+    return _torch(canonical.logsumexp_backward(_np(x), _np(mask), _np(scale), _np(g)))
 
 
 @_quiet
 def log_softmax_backward(y, mask, scale, g):
-    return _torch(canonical.log_softmax_backward(_np(y), _np(mask), scale, _np(g)))
+    return _torch(canonical.log_softmax_backward(_np(y), _np(mask), _np(scale), _np(g)))
 
 
 @_quiet
 def softmax_backward(p, mask, scale, g):
-    return _torch(canonical.softmax_backward(_np(p), _np(mask), scale, _np(g)))
+    return _torch(canonical.softmax_backward(_np(p), _np(mask), _np(scale), _np(g)))
 
 
 @_quiet
 def entropy_backward(x, mask, scale, h, g):
-    return _torch(canonical.entropy_backward(_np(x), _np(mask), scale, _np(h), _np(g)))
+    return _torch(canonical.entropy_backward(_np(x), _np(mask), _np(scale), _np(h), _np(g)))
 
 
 @_quiet
 def token_logprobs_backward(x, tokens, scale, g):
-    return _torch(canonical.token_logprobs_backward(_np(x), _np(tokens), scale, _np(g)))
+    return _torch(canonical.token_logprobs_backward(_np(x), _np(tokens), _np(scale), _np(g)))
 
 
 @_quiet
@@ -196,3 +196,41 @@ def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
 def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg, g):
     return _torch(canonical.ppo_policy_loss_backward(_np(logp), _np(old_logp), _np(advantages), _np(mask),
                                                      ratio_low, ratio_high, dual_clip, ratio_clamp, agg, _np(g)))
+
+
+# -- Training (spec 29) ---------------------------------------------------------------
+
+def fold_rows(c, segments, positions, rows, n_segments):
+    return _torch(canonical.fold_rows(_np(c), _np(segments), _np(positions), rows, n_segments))
+
+
+def weight_grad(x, g, positions, rows):
+    return _torch(canonical.weight_grad(_np(x), _np(g), _np(positions), rows))
+
+
+@_quiet
+def rms_norm_backward(x, weight, eps, g):
+    return tuple(map(_torch, canonical.rms_norm_backward(_np(x), _np(weight), eps, _np(g))))
+
+
+@_quiet
+def silu_mul_backward(gate, up, g):
+    return tuple(map(_torch, canonical.silu_mul_backward(_np(gate), _np(up), _np(g))))
+
+
+@_quiet
+def attention_backward(q, k, v, kv_lengths, causal, scale, g):
+    return tuple(map(_torch, canonical.attention_backward(_np(q), _np(k), _np(v), _np(kv_lengths), causal, scale,
+                                                          _np(g))))
+
+
+@_quiet
+def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
+    return tuple(map(_torch, canonical.adamw_step(_np(w), _np(g), _np(m), _np(v), decay, b1, c1, b2, c2, ibc2, eps,
+                                                  step)))
+
+
+@_quiet
+def sgd_step(w, g, buf, lr, momentum, one_minus_dampening, weight_decay, nesterov):
+    w, buf = canonical.sgd_step(_np(w), _np(g), _np(buf), lr, momentum, one_minus_dampening, weight_decay, nesterov)
+    return _torch(w), (None if buf is None else _torch(buf))

@@ -9,15 +9,15 @@
 extern "C" {
 
 void bitparity_sum(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask);
-void bitparity_logsumexp(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
-                         float scale);
-void bitparity_log_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
-                           float scale);
-void bitparity_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
-                       float scale);
-void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask,
-                       float scale);
-void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows, uint32_t cols, float scale);
+void bitparity_logsumexp(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                         uint32_t hasMask);
+void bitparity_log_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                           uint32_t hasMask);
+void bitparity_softmax(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                       uint32_t hasMask);
+void bitparity_entropy(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                       uint32_t hasMask);
+void bitparity_token_logprobs(GM_ADDR x, GM_ADDR tokens, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols);
 void bitparity_exp(GM_ADDR x, GM_ADDR y, uint32_t n);
 void bitparity_log(GM_ADDR x, GM_ADDR y, uint32_t n);
 void bitparity_masked_mean(GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask);
@@ -42,16 +42,16 @@ void bitparity_rotary(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR y, uint32_t r
 void bitparity_attention(GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLengths, GM_ADDR out, uint32_t groups,
                          uint32_t tq, uint32_t tk, uint32_t d, uint32_t causal, float scale);
 void bitparity_silu_mul(GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t n);
-void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                  uint32_t hasMask, float scale);
-void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                    uint32_t hasMask, float scale);
-void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
-                                uint32_t hasMask, float scale);
-void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                                uint32_t cols, uint32_t hasMask, float scale);
-void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                                       uint32_t cols, float scale);
+void bitparity_logsumexp_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                  uint32_t cols, uint32_t hasMask);
+void bitparity_log_softmax_backward(GM_ADDR y, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                    uint32_t cols, uint32_t hasMask);
+void bitparity_softmax_backward(GM_ADDR p, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out, uint32_t rows,
+                                uint32_t cols, uint32_t hasMask);
+void bitparity_entropy_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR h, GM_ADDR g, GM_ADDR out,
+                                uint32_t rows, uint32_t cols, uint32_t hasMask);
+void bitparity_token_logprobs_backward(GM_ADDR x, GM_ADDR tokens, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                                       uint32_t rows, uint32_t cols);
 void bitparity_masked_mean_backward(GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols);
 void bitparity_masked_whiten_backward(GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols,
                                       uint32_t shiftMean, uint32_t unbiased, float eps, uint32_t epsMode);
@@ -62,40 +62,59 @@ void bitparity_ppo_token_weights(GM_ADDR mask, GM_ADDR g, GM_ADDR weights, uint3
 void bitparity_ppo_policy_loss_backward(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR advantages, GM_ADDR mask,
                                         GM_ADDR weights, GM_ADDR out, uint32_t rows, uint32_t cols, float ratioLow,
                                         float ratioHigh, float dualClip, float ratioClamp);
+void bitparity_fold_rows(GM_ADDR c, GM_ADDR order, GM_ADDR positions, GM_ADDR starts, GM_ADDR out, uint32_t m,
+                         uint32_t f, uint32_t segments, uint32_t rows);
+void bitparity_weight_grad(GM_ADDR x, GM_ADDR g, GM_ADDR positions, GM_ADDR dw, uint32_t m, uint32_t k, uint32_t n,
+                           uint32_t rows);
+void bitparity_rms_norm_backward(GM_ADDR x, GM_ADDR weight, GM_ADDR g, GM_ADDR dx, GM_ADDR terms, uint32_t rows,
+                                 uint32_t cols, float eps);
+void bitparity_silu_mul_backward(GM_ADDR gate, GM_ADDR up, GM_ADDR g, GM_ADDR dGate, GM_ADDR dUp, uint32_t n);
+void bitparity_adamw_step(GM_ADDR w, GM_ADDR g, GM_ADDR m, GM_ADDR v, GM_ADDR wOut, GM_ADDR mOut, GM_ADDR vOut,
+                          uint32_t n, uint32_t hasDecay, float decay, float b1, float c1, float b2, float c2,
+                          float ibc2, float eps, float step);
+void bitparity_sgd_step(GM_ADDR w, GM_ADDR g, GM_ADDR buffer, GM_ADDR wOut, GM_ADDR bufferOut, uint32_t n, float lr,
+                        float momentum, float oneMinusDampening, float weightDecay, uint32_t nesterov,
+                        uint32_t hasBuffer);
+void bitparity_attention_query_grad(GM_ADDR q, GM_ADDR kT, GM_ADDR k, GM_ADDR vT, GM_ADDR g, GM_ADDR kvLengths,
+                                    GM_ADDR dq, GM_ADDR stats, uint32_t groups, uint32_t tq, uint32_t tk, uint32_t d,
+                                    uint32_t causal, float scale);
+void bitparity_attention_backward(GM_ADDR q, GM_ADDR qT, GM_ADDR k, GM_ADDR v, GM_ADDR g, GM_ADDR gT,
+                                  GM_ADDR kvLengths, GM_ADDR stats, GM_ADDR dk, GM_ADDR dv, uint32_t groups,
+                                  uint32_t tq, uint32_t tk, uint32_t d, uint32_t causal, float scale);
 
 int bp_sum(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks, [&] { bitparity_sum(x, mask, out, rows, cols, hasMask); });
 }
 
-int bp_logsumexp(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
-                 uint32_t hasMask, float scale)
+int bp_logsumexp(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+                 uint32_t hasMask)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_logsumexp(x, mask, out, rows, cols, hasMask, scale); });
+    return bp_emulation::Launch(blocks, [&] { bitparity_logsumexp(x, mask, scale, out, rows, cols, hasMask); });
 }
 
-int bp_log_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
-                   uint32_t hasMask, float scale)
+int bp_log_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows,
+                   uint32_t cols, uint32_t hasMask)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_log_softmax(x, mask, out, rows, cols, hasMask, scale); });
+    return bp_emulation::Launch(blocks, [&] { bitparity_log_softmax(x, mask, scale, out, rows, cols, hasMask); });
 }
 
-int bp_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
-               uint32_t hasMask, float scale)
+int bp_softmax(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+               uint32_t hasMask)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_softmax(x, mask, out, rows, cols, hasMask, scale); });
+    return bp_emulation::Launch(blocks, [&] { bitparity_softmax(x, mask, scale, out, rows, cols, hasMask); });
 }
 
-int bp_entropy(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR out, uint32_t rows, uint32_t cols,
-               uint32_t hasMask, float scale)
+int bp_entropy(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR out, uint32_t rows, uint32_t cols,
+               uint32_t hasMask)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_entropy(x, mask, out, rows, cols, hasMask, scale); });
+    return bp_emulation::Launch(blocks, [&] { bitparity_entropy(x, mask, scale, out, rows, cols, hasMask); });
 }
 
-int bp_token_logprobs(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR out, uint32_t rows, uint32_t cols,
-                      float scale)
+int bp_token_logprobs(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR scale, GM_ADDR out, uint32_t rows,
+                      uint32_t cols)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_token_logprobs(x, tokens, out, rows, cols, scale); });
+    return bp_emulation::Launch(blocks, [&] { bitparity_token_logprobs(x, tokens, scale, out, rows, cols); });
 }
 
 int bp_exp(uint32_t blocks, GM_ADDR x, GM_ADDR y, uint32_t n)
@@ -201,39 +220,39 @@ int bp_silu_mul(uint32_t blocks, GM_ADDR gate, GM_ADDR up, GM_ADDR out, uint32_t
 
 // ---- Backward (spec 26) ----
 
-int bp_logsumexp_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                          uint32_t cols, uint32_t hasMask, float scale)
+int bp_logsumexp_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                          uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_logsumexp_backward(x, mask, g, out, rows, cols, hasMask, scale); });
+                                [&] { bitparity_logsumexp_backward(x, mask, scale, g, out, rows, cols, hasMask); });
 }
 
-int bp_log_softmax_backward(uint32_t blocks, GM_ADDR y, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                            uint32_t cols, uint32_t hasMask, float scale)
+int bp_log_softmax_backward(uint32_t blocks, GM_ADDR y, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                            uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_log_softmax_backward(y, mask, g, out, rows, cols, hasMask, scale); });
+                                [&] { bitparity_log_softmax_backward(y, mask, scale, g, out, rows, cols, hasMask); });
 }
 
-int bp_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                        uint32_t cols, uint32_t hasMask, float scale)
+int bp_softmax_backward(uint32_t blocks, GM_ADDR p, GM_ADDR mask, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                        uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_softmax_backward(p, mask, g, out, rows, cols, hasMask, scale); });
+                                [&] { bitparity_softmax_backward(p, mask, scale, g, out, rows, cols, hasMask); });
 }
 
-int bp_entropy_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR h, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                        uint32_t cols, uint32_t hasMask, float scale)
+int bp_entropy_backward(uint32_t blocks, GM_ADDR x, GM_ADDR mask, GM_ADDR scale, GM_ADDR h, GM_ADDR g, GM_ADDR out,
+                        uint32_t rows, uint32_t cols, uint32_t hasMask)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_entropy_backward(x, mask, h, g, out, rows, cols, hasMask, scale); });
+                                [&] { bitparity_entropy_backward(x, mask, scale, h, g, out, rows, cols, hasMask); });
 }
 
-int bp_token_logprobs_backward(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR g, GM_ADDR out, uint32_t rows,
-                               uint32_t cols, float scale)
+int bp_token_logprobs_backward(uint32_t blocks, GM_ADDR x, GM_ADDR tokens, GM_ADDR scale, GM_ADDR g, GM_ADDR out,
+                               uint32_t rows, uint32_t cols)
 {
     return bp_emulation::Launch(blocks,
-                                [&] { bitparity_token_logprobs_backward(x, tokens, g, out, rows, cols, scale); });
+                                [&] { bitparity_token_logprobs_backward(x, tokens, scale, g, out, rows, cols); });
 }
 
 int bp_masked_mean_backward(uint32_t blocks, GM_ADDR mask, GM_ADDR g, GM_ADDR out, uint32_t rows, uint32_t cols)
@@ -272,6 +291,69 @@ int bp_ppo_policy_loss_backward(uint32_t weightBlocks, uint32_t blocks, GM_ADDR 
     return bp_emulation::Launch(blocks, [&] {
         bitparity_ppo_policy_loss_backward(logp, oldLogp, advantages, mask, weights, out, rows, cols, ratioLow,
                                            ratioHigh, dualClip, ratioClamp);
+    });
+}
+
+// ---- Training (spec 29) ----
+
+int bp_fold_rows(uint32_t blocks, GM_ADDR c, GM_ADDR order, GM_ADDR positions, GM_ADDR starts, GM_ADDR out,
+                 uint32_t m, uint32_t f, uint32_t segments, uint32_t rows)
+{
+    return bp_emulation::Launch(blocks,
+                                [&] { bitparity_fold_rows(c, order, positions, starts, out, m, f, segments, rows); });
+}
+
+int bp_weight_grad(uint32_t blocks, GM_ADDR x, GM_ADDR g, GM_ADDR positions, GM_ADDR dw, uint32_t m, uint32_t k,
+                   uint32_t n, uint32_t rows)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_weight_grad(x, g, positions, dw, m, k, n, rows); });
+}
+
+int bp_rms_norm_backward(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR g, GM_ADDR dx, GM_ADDR terms,
+                         uint32_t rows, uint32_t cols, float eps)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_rms_norm_backward(x, weight, g, dx, terms, rows, cols, eps); });
+}
+
+int bp_silu_mul_backward(uint32_t blocks, GM_ADDR gate, GM_ADDR up, GM_ADDR g, GM_ADDR dGate, GM_ADDR dUp, uint32_t n)
+{
+    return bp_emulation::Launch(blocks, [&] { bitparity_silu_mul_backward(gate, up, g, dGate, dUp, n); });
+}
+
+int bp_adamw_step(uint32_t blocks, GM_ADDR w, GM_ADDR g, GM_ADDR m, GM_ADDR v, GM_ADDR wOut, GM_ADDR mOut,
+                  GM_ADDR vOut, uint32_t n, uint32_t hasDecay, float decay, float b1, float c1, float b2, float c2,
+                  float ibc2, float eps, float step)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_adamw_step(w, g, m, v, wOut, mOut, vOut, n, hasDecay, decay, b1, c1, b2, c2, ibc2, eps, step);
+    });
+}
+
+int bp_sgd_step(uint32_t blocks, GM_ADDR w, GM_ADDR g, GM_ADDR buffer, GM_ADDR wOut, GM_ADDR bufferOut, uint32_t n,
+                float lr, float momentum, float oneMinusDampening, float weightDecay, uint32_t nesterov,
+                uint32_t hasBuffer)
+{
+    return bp_emulation::Launch(blocks, [&] {
+        bitparity_sgd_step(w, g, buffer, wOut, bufferOut, n, lr, momentum, oneMinusDampening, weightDecay, nesterov,
+                           hasBuffer);
+    });
+}
+
+// Two launches, in order on one stream as the binding queues them: per query, dq and the statistics
+// (queryBlocks cores); then per key, dk and dv (keyBlocks cores).
+int bp_attention_backward(uint32_t queryBlocks, uint32_t keyBlocks, GM_ADDR q, GM_ADDR kT, GM_ADDR k, GM_ADDR vT,
+                          GM_ADDR v, GM_ADDR qT, GM_ADDR g, GM_ADDR gT, GM_ADDR kvLengths, GM_ADDR stats, GM_ADDR dq,
+                          GM_ADDR dk, GM_ADDR dv, uint32_t groups, uint32_t tq, uint32_t tk, uint32_t d,
+                          uint32_t causal, float scale)
+{
+    int status = bp_emulation::Launch(queryBlocks, [&] {
+        bitparity_attention_query_grad(q, kT, k, vT, g, kvLengths, dq, stats, groups, tq, tk, d, causal, scale);
+    });
+    if (status != 0) {
+        return status;
+    }
+    return bp_emulation::Launch(keyBlocks, [&] {
+        bitparity_attention_backward(q, qT, k, v, g, gT, kvLengths, stats, dk, dv, groups, tq, tk, d, causal, scale);
     });
 }
 

@@ -1,8 +1,9 @@
 // The canonical float32 building blocks (docs/spec.md) on Ascend C LocalTensors.
 //
 // Written once and used by every kernel: the portable exp and log, the
-// reciprocal (of a vector or of one scalar) and rsqrt, the k3 series and its
-// derivative, the NaN-propagating max, min and clamp,
+// reciprocal (of a vector or of one scalar) and rsqrt, the optimizer's sqrt and
+// general reciprocal, the k3 series and its derivative, the NaN-propagating max,
+// min and clamp,
 // the halving trees, and the cross-pipe syncs around the scalar unit.  They use
 // only these vector instructions: Add/Sub/Mul/Adds/Muls/Max/Min/Maxs/Mins,
 // Compare/Compares, Select, Duplicate, int32 Add/Sub/Adds, uint32 ShiftLeft,
@@ -404,6 +405,96 @@ __aicore__ inline void CanonicalRsqrt(const LocalTensor<float>& r, const LocalTe
     }
     AscendC::Compares(bits, y, PosInf(), AscendC::CMPMODE::NE, n);
     AscendC::Select(r, bits, r, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+}
+
+// s = sqrt32(y) over n floats (spec 29.10): r = rsqrt(y) (spec 15.2), s = y * r, then one correction
+// s = s + ((y - p) - err) * (0.5 * r) with p = s * s and err = s*s - p exactly, by spec 7's split:
+// (sh, sl) = split(s), err = ((sh*sh - p) + (sh*sl + sh*sl)) + sl*sl.  y < 2^-126 (zeros, subnormals,
+// negatives) gives +0.0 and runs the steps on 1.0 instead; +inf gives +inf; NaN propagates.  n a multiple
+// of 64.  s must not be y or inside work.  work: 6n floats; bits: n/8 bytes.
+__aicore__ inline void CanonicalSqrt(const LocalTensor<float>& s, const LocalTensor<float>& y,
+                                     const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits, uint32_t n)
+{
+    LocalTensor<float> safe = work;
+    LocalTensor<float> r = work[n];
+    LocalTensor<float> p = work[2 * n];     // p, sh, sl: first the rsqrt's work
+    LocalTensor<float> sh = work[3 * n];
+    LocalTensor<float> sl = work[4 * n];
+    LocalTensor<float> t = work[5 * n];
+    const float minNormal = FloatFromBits(MIN_NORMAL_BITS);
+
+    // safe = (y < 2^-126 ? 1 : y); NaN stays.
+    AscendC::Duplicate(t, 1.0f, n);
+    AscendC::Compares(bits, y, minNormal, AscendC::CMPMODE::LT, n);
+    AscendC::Select(safe, bits, t, y, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    CanonicalRsqrt(r, safe, p, bits, n);
+    AscendC::Mul(s, safe, r, n);
+    AscendC::Mul(p, s, s, n);
+    // Veltkamp split s = sh + sl: c = 4097 s; sh = c - (c - s); sl = s - sh
+    AscendC::Muls(sh, s, FloatFromBits(SPLIT_BITS), n);
+    AscendC::Sub(t, sh, s, n);
+    AscendC::Sub(sh, sh, t, n);
+    AscendC::Sub(sl, s, sh, n);
+    // t = err = ((sh*sh - p) + (sh*sl + sh*sl)) + sl*sl
+    AscendC::Mul(t, sh, sh, n);
+    AscendC::Sub(t, t, p, n);
+    AscendC::Mul(sh, sh, sl, n);
+    AscendC::Add(sh, sh, sh, n);
+    AscendC::Add(t, t, sh, n);
+    AscendC::Mul(sl, sl, sl, n);
+    AscendC::Add(t, t, sl, n);
+    // s = s + ((safe - p) - err) * (0.5 * r)
+    AscendC::Sub(p, safe, p, n);
+    AscendC::Sub(p, p, t, n);
+    AscendC::Muls(r, r, FloatFromBits(HALF_BITS), n);
+    AscendC::Mul(p, p, r, n);
+    AscendC::Add(s, s, p, n);
+    // +inf where y is +inf (the steps gave inf * 0 = NaN); then +0.0 where y < 2^-126.  The kept
+    // complements differ from these conditions only at NaN y, whose s is NaN already.
+    AscendC::Compares(bits, y, PosInf(), AscendC::CMPMODE::NE, n);
+    AscendC::Select(s, bits, s, PosInf(), AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+    AscendC::Duplicate(t, 0.0f, n);
+    AscendC::Compares(bits, y, minNormal, AscendC::CMPMODE::LT, n);
+    AscendC::Select(s, bits, t, s, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+}
+
+constexpr uint32_t TWO_POW_127_BITS = 0x7F000000u;   // 2^127: the binade of exponent e = 127 (spec 29.11)
+
+// out = recip(d) over n floats (spec 29.11), for d a positive normal float32 (AdamW's denominator):
+// e = (bits(d) >> 23) - 127 and m = float(bits(d) - (e << 23)), which is (bits(d) & 0x007FFFFF) |
+// 0x3F800000 (the exponent replaced by 127's, so m is in [1, 2)); out = reciprocal(m) (spec 7) *
+// float((127 - e) << 23), the exact scaling by 2^-e, and where e == 127 (2^127 <= d < +inf)
+// (reciprocal(m) * 0.5) * 2^-126.  Any other input (zero, subnormal, negative, +-inf, NaN) goes
+// through the same integer steps as the reference's and gets its bits: the two compares below hold
+// together exactly where e == 127.
+// n a multiple of 64.  out must not be d or inside work.  work: 9n floats; bits: n/8 bytes.
+__aicore__ inline void GeneralReciprocal(const LocalTensor<float>& out, const LocalTensor<float>& d,
+                                         const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits,
+                                         uint32_t n)
+{
+    LocalTensor<int32_t> e = work.ReinterpretCast<int32_t>();
+    LocalTensor<float> m = work[n];         // the mantissa m, then 2^-e, then reciprocal(m) * 2^-e
+    LocalTensor<float> low = work[2 * n];   // first the reciprocal's work (7n)
+    LocalTensor<int32_t> mi = m.ReinterpretCast<int32_t>();
+
+    AscendC::ShiftRight(e, d.ReinterpretCast<int32_t>(), static_cast<int32_t>(23), n);
+    AscendC::Adds(e, e, static_cast<int32_t>(-127), n);
+    AscendC::ShiftLeft(mi.ReinterpretCast<uint32_t>(), e.ReinterpretCast<uint32_t>(), static_cast<uint32_t>(23), n);
+    AscendC::Sub(mi, d.ReinterpretCast<int32_t>(), mi, n);
+    CanonicalReciprocal(out, m, low, n);
+    // low = (reciprocal(m) * 0.5) * 2^-126
+    AscendC::Muls(low, out, FloatFromBits(HALF_BITS), n);
+    AscendC::Muls(low, low, FloatFromBits(MIN_NORMAL_BITS), n);
+    // m = reciprocal(m) * float((127 - e) << 23)
+    AscendC::Duplicate(mi, static_cast<int32_t>(127), n);
+    AscendC::Sub(mi, mi, e, n);
+    AscendC::ShiftLeft(mi.ReinterpretCast<uint32_t>(), mi.ReinterpretCast<uint32_t>(), static_cast<uint32_t>(23), n);
+    AscendC::Mul(m, out, m, n);
+    // e == 127 as 2^127 <= d, less +inf (whose e is 128); NaN (e 128 too) fails the compare.
+    AscendC::Compares(bits, d, FloatFromBits(TWO_POW_127_BITS), AscendC::CMPMODE::GE, n);
+    AscendC::Select(out, bits, low, m, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compares(bits, d, PosInf(), AscendC::CMPMODE::EQ, n);
+    AscendC::Select(out, bits, m, out, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
 }
 
 // phi(d) = sum_k d^k / (k + 2)! of spec 16's k3 over n floats: phi = c0; phi = phi * d + c_i for the

@@ -17,6 +17,8 @@ constexpr uint32_t MAX_ROW = MAX_SEGMENTS * SEGMENT;    // 2^24 floats, which ke
 constexpr uint32_t ATTENTION_MAX_SEGMENTS = 16;         // attention.cpp: per-segment partial rows of d floats fit in UB
 constexpr uint32_t ATTENTION_MAX_KEYS = ATTENTION_MAX_SEGMENTS * SEGMENT;   // 262,144 keys
 constexpr uint32_t ATTENTION_MAX_DIM = 256;             // attention.cpp: the score dots' tiles and partial rows fit in UB
+constexpr uint32_t FOLD_MAX_DEPTH = 25;                 // row_fold.h: a row fold over at most MAX_ROW leaves keeps
+                                                        // at most bitlen(MAX_ROW - 1) + 1 subtrees in UB
 constexpr uint32_t PHILOX_TILE = 256;                   // counters per tile of the philox kernel: 4 KB of counter words
 
 }  // namespace bitparity

@@ -79,8 +79,24 @@ GmAddress MaskAddress(const at::Tensor& x, const c10::optional<at::Tensor>& mask
 
 float Scale(double scale)
 {
-    // The contract passes the float32 inverse temperature as a Python float: exact in float.
+    // The contract passes attention's float32 scale as a Python float: exact in float.
     return static_cast<float>(scale);
+}
+
+// A contiguous per-row parameter tensor of x's rows, dtype and device.
+void CheckRowParameter(const at::Tensor& t, const at::Tensor& x, at::ScalarType dtype, const char* name)
+{
+    TORCH_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == x.size(0) && t.is_contiguous() &&
+                    t.device() == x.device(),
+                "bitparity (ascend): ", name, " must be a contiguous ", c10::toString(dtype),
+                " tensor [rows] on x's device");
+}
+
+// The softmax family's scale: float32 [rows], each row's inverse temperature.
+GmAddress RowScales(const at::Tensor& scale, const at::Tensor& x)
+{
+    CheckRowParameter(scale, x, at::kFloat, "scale");
+    return Gm(scale);
 }
 
 // The RL ops' constants (gamma, clamps, ratio bounds, eps) are float32 values passed as
@@ -111,51 +127,51 @@ at::Tensor SumOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask)
     return out;
 }
 
-at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+at::Tensor LogsumexpOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    BITPARITY_LAUNCH(bitparity_logsumexp, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                     mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_logsumexp, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x), Gm(out), rows,
+                     cols, mask.has_value());
     return out;
 }
 
-at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+at::Tensor LogSoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
-    BITPARITY_LAUNCH(bitparity_log_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                     mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_log_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x), Gm(out),
+                     rows, cols, mask.has_value());
     return out;
 }
 
-at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+at::Tensor SoftmaxOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty_like(x);
-    BITPARITY_LAUNCH(bitparity_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                     mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_softmax, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x), Gm(out), rows,
+                     cols, mask.has_value());
     return out;
 }
 
-at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale)
+at::Tensor EntropyOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
     const int64_t rows = x.size(0), cols = x.size(1);
     at::Tensor out = at::empty({rows}, x.options());
-    BITPARITY_LAUNCH(bitparity_entropy, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(out), rows, cols,
-                     mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_entropy, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x), Gm(out), rows,
+                     cols, mask.has_value());
     return out;
 }
 
-at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double scale)
+at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, const at::Tensor& scale)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
@@ -164,8 +180,8 @@ at::Tensor TokenLogprobsOp(const at::Tensor& x, const at::Tensor& tokens, double
                     tokens.is_contiguous() && tokens.device() == x.device(),
                 "bitparity (ascend): tokens must be a contiguous int64 tensor [rows] on x's device");
     at::Tensor out = at::empty({rows}, x.options());
-    BITPARITY_LAUNCH(bitparity_token_logprobs, Blocks(rows), Gm(x), Gm(tokens), Gm(out), rows, cols,
-                     Scale(scale));
+    BITPARITY_LAUNCH(bitparity_token_logprobs, Blocks(rows), Gm(x), Gm(tokens), RowScales(scale, x), Gm(out), rows,
+                     cols);
     return out;
 }
 
@@ -266,15 +282,6 @@ std::tuple<at::Tensor, at::Tensor> PpoTokenLossesOp(const at::Tensor& logp, cons
                      Gm(clipped), n, Float32(ratioLow), Float32(ratioHigh),
                      Float32(dualClip), Float32(ratioClamp));
     return {loss, clipped};
-}
-
-// A contiguous per-row parameter tensor of x's rows, dtype and device.
-void CheckRowParameter(const at::Tensor& t, const at::Tensor& x, at::ScalarType dtype, const char* name)
-{
-    TORCH_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == x.size(0) && t.is_contiguous() &&
-                    t.device() == x.device(),
-                "bitparity (ascend): ", name, " must be a contiguous ", c10::toString(dtype),
-                " tensor [rows] on x's device");
 }
 
 at::Tensor PhiloxOp(const at::Tensor& counters, const at::Tensor& keys)
@@ -448,7 +455,7 @@ at::Tensor SiluMulOp(const at::Tensor& gate, const at::Tensor& up)
 // ---- Backward (spec 26) --------------------------------------------------------------
 
 // The contract's per-row g (and entropy's h) of the softmax family: float32 [rows] on x's device.
-at::Tensor LogsumexpBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale,
+at::Tensor LogsumexpBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale,
                                const at::Tensor& g)
 {
     const c10::DeviceGuard guard(x.device());
@@ -456,13 +463,13 @@ at::Tensor LogsumexpBackwardOp(const at::Tensor& x, const c10::optional<at::Tens
     const int64_t rows = x.size(0), cols = x.size(1);
     CheckShaped(g, x, {rows}, "g");
     at::Tensor out = at::empty_like(x);
-    BITPARITY_LAUNCH(bitparity_logsumexp_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(g), Gm(out), rows,
-                     cols, mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_logsumexp_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x),
+                     Gm(g), Gm(out), rows, cols, mask.has_value());
     return out;
 }
 
 // y: the forward's output; g shaped like it.
-at::Tensor LogSoftmaxBackwardOp(const at::Tensor& y, const c10::optional<at::Tensor>& mask, double scale,
+at::Tensor LogSoftmaxBackwardOp(const at::Tensor& y, const c10::optional<at::Tensor>& mask, const at::Tensor& scale,
                                 const at::Tensor& g)
 {
     const c10::DeviceGuard guard(y.device());
@@ -470,13 +477,13 @@ at::Tensor LogSoftmaxBackwardOp(const at::Tensor& y, const c10::optional<at::Ten
     CheckLike(g, y, "g");
     const int64_t rows = y.size(0), cols = y.size(1);
     at::Tensor out = at::empty_like(y);
-    BITPARITY_LAUNCH(bitparity_log_softmax_backward, Blocks(rows), Gm(y), MaskAddress(y, mask), Gm(g), Gm(out), rows,
-                     cols, mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_log_softmax_backward, Blocks(rows), Gm(y), MaskAddress(y, mask), RowScales(scale, y),
+                     Gm(g), Gm(out), rows, cols, mask.has_value());
     return out;
 }
 
 // p: the forward's output; g shaped like it.
-at::Tensor SoftmaxBackwardOp(const at::Tensor& p, const c10::optional<at::Tensor>& mask, double scale,
+at::Tensor SoftmaxBackwardOp(const at::Tensor& p, const c10::optional<at::Tensor>& mask, const at::Tensor& scale,
                              const at::Tensor& g)
 {
     const c10::DeviceGuard guard(p.device());
@@ -484,12 +491,12 @@ at::Tensor SoftmaxBackwardOp(const at::Tensor& p, const c10::optional<at::Tensor
     CheckLike(g, p, "g");
     const int64_t rows = p.size(0), cols = p.size(1);
     at::Tensor out = at::empty_like(p);
-    BITPARITY_LAUNCH(bitparity_softmax_backward, Blocks(rows), Gm(p), MaskAddress(p, mask), Gm(g), Gm(out), rows,
-                     cols, mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_softmax_backward, Blocks(rows), Gm(p), MaskAddress(p, mask), RowScales(scale, p),
+                     Gm(g), Gm(out), rows, cols, mask.has_value());
     return out;
 }
 
-at::Tensor EntropyBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, double scale,
+at::Tensor EntropyBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor>& mask, const at::Tensor& scale,
                              const at::Tensor& h, const at::Tensor& g)
 {
     const c10::DeviceGuard guard(x.device());
@@ -498,12 +505,13 @@ at::Tensor EntropyBackwardOp(const at::Tensor& x, const c10::optional<at::Tensor
     CheckShaped(h, x, {rows}, "h");
     CheckShaped(g, x, {rows}, "g");
     at::Tensor out = at::empty_like(x);
-    BITPARITY_LAUNCH(bitparity_entropy_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), Gm(h), Gm(g), Gm(out),
-                     rows, cols, mask.has_value(), Scale(scale));
+    BITPARITY_LAUNCH(bitparity_entropy_backward, Blocks(rows), Gm(x), MaskAddress(x, mask), RowScales(scale, x),
+                     Gm(h), Gm(g), Gm(out), rows, cols, mask.has_value());
     return out;
 }
 
-at::Tensor TokenLogprobsBackwardOp(const at::Tensor& x, const at::Tensor& tokens, double scale, const at::Tensor& g)
+at::Tensor TokenLogprobsBackwardOp(const at::Tensor& x, const at::Tensor& tokens, const at::Tensor& scale,
+                                   const at::Tensor& g)
 {
     const c10::DeviceGuard guard(x.device());
     CheckX(x, 2);
@@ -511,8 +519,8 @@ at::Tensor TokenLogprobsBackwardOp(const at::Tensor& x, const at::Tensor& tokens
     CheckRowParameter(tokens, x, at::kLong, "tokens");
     CheckShaped(g, x, {rows}, "g");
     at::Tensor out = at::empty_like(x);
-    BITPARITY_LAUNCH(bitparity_token_logprobs_backward, Blocks(rows), Gm(x), Gm(tokens), Gm(g), Gm(out), rows, cols,
-                     Scale(scale));
+    BITPARITY_LAUNCH(bitparity_token_logprobs_backward, Blocks(rows), Gm(x), Gm(tokens), RowScales(scale, x), Gm(g),
+                     Gm(out), rows, cols);
     return out;
 }
 
@@ -589,16 +597,202 @@ at::Tensor PpoPolicyLossBackwardOp(const at::Tensor& logp, const at::Tensor& old
     return out;
 }
 
+// ---- Training (spec 29) --------------------------------------------------------------
+
+// A contiguous float32 NPU tensor of dimension 2 and fewer than 2**32 elements, rows of any length (the row fold
+// and the weight gradient tile their columns).
+void CheckMatrix(const at::Tensor& t, const char* name)
+{
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1 && t.scalar_type() == at::kFloat && t.dim() == 2 &&
+                    t.is_contiguous(),
+                "bitparity (ascend): ", name, " must be a contiguous float32 NPU tensor of dimension 2");
+    TORCH_CHECK(t.numel() < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+}
+
+// A contiguous int64 tensor [size] on x's device.
+void CheckIndices(const at::Tensor& t, const at::Tensor& x, int64_t size, const char* name)
+{
+    TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.size(0) == size && t.is_contiguous() &&
+                    t.device() == x.device(),
+                "bitparity (ascend): ", name, " must be a contiguous int64 tensor [", size, "] on x's device");
+}
+
+void CheckFoldRows(int64_t rows)
+{
+    TORCH_CHECK(rows >= 0 && rows <= int64_t(bitparity::MAX_ROW), "bitparity (ascend): a row fold over at most ",
+                bitparity::MAX_ROW, " rows (row_fold.h keeps at most ", bitparity::FOLD_MAX_DEPTH,
+                " subtrees in UB); got ", rows);
+}
+
+// order, positions: the rows of c in (segment, position) order and their positions; starts [segments + 1]: where
+// each segment's rows start (the backend's sorts, ascend/__init__.py).
+at::Tensor FoldRowsOp(const at::Tensor& c, const at::Tensor& order, const at::Tensor& positions,
+                      const at::Tensor& starts, int64_t rows)
+{
+    const c10::DeviceGuard guard(c.device());
+    CheckMatrix(c, "c");
+    CheckFoldRows(rows);
+    const int64_t m = c.size(0), f = c.size(1);
+    CheckIndices(order, c, m, "order");
+    CheckIndices(positions, c, m, "positions");
+    TORCH_CHECK(starts.dim() == 1 && starts.size(0) >= 1, "bitparity (ascend): starts must be [segments + 1]");
+    const int64_t segments = starts.size(0) - 1;
+    CheckIndices(starts, c, segments + 1, "starts");
+    TORCH_CHECK(segments * f < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+    at::Tensor out = at::empty({segments, f}, c.options());
+    const int64_t tiles = (f + 1023) / 1024;   // row_fold.h's FOLD_TILE_FLOATS columns per tile
+    BITPARITY_LAUNCH(bitparity_fold_rows, Blocks(segments * tiles), Gm(c), Gm(order), Gm(positions), Gm(starts),
+                     Gm(out), m, f, segments, rows);
+    return out;
+}
+
+// Tiles of kernels/linear.cpp's weight gradient: kb columns of k (a multiple of 8, at most 256), 1024 / kb rows of
+// n; the launch's size only, never a bit.
+int64_t WeightGradTiles(int64_t k, int64_t n)
+{
+    const int64_t kb = std::min<int64_t>((k + 7) / 8 * 8, 256);
+    const int64_t nb = std::min<int64_t>(1024 / kb, n);
+    return (n + nb - 1) / nb * ((k + kb - 1) / kb);
+}
+
+at::Tensor WeightGradOp(const at::Tensor& x, const at::Tensor& g, const at::Tensor& positions, int64_t rows)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckMatrix(x, "x");
+    CheckMatrix(g, "g");
+    CheckFoldRows(rows);
+    const int64_t m = x.size(0), k = x.size(1), n = g.size(1);
+    TORCH_CHECK(g.size(0) == m && g.device() == x.device(), "bitparity (ascend): g must be [M, N] on x's device");
+    CheckIndices(positions, x, m, "positions");
+    TORCH_CHECK(n * k < (int64_t(1) << 32), "bitparity (ascend): a weight of fewer than 2**32 elements");
+    at::Tensor dw = at::empty({n, k}, x.options());
+    BITPARITY_LAUNCH(bitparity_weight_grad, Blocks(WeightGradTiles(k, n)), Gm(x), Gm(g), Gm(positions), Gm(dw), m, k,
+                     n, rows);
+    return dw;
+}
+
+std::tuple<at::Tensor, at::Tensor> RmsNormBackwardOp(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                                     const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(x.device());
+    CheckX(x, 2);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    CheckShaped(weight, x, {cols}, "weight");
+    CheckLike(g, x, "g");
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor terms = at::empty_like(x);
+    BITPARITY_LAUNCH(bitparity_rms_norm_backward, Blocks(rows), Gm(x), Gm(weight), Gm(g), Gm(dx), Gm(terms), rows,
+                     cols, Float32(eps));
+    return {dx, terms};
+}
+
+std::tuple<at::Tensor, at::Tensor> SiluMulBackwardOp(const at::Tensor& gate, const at::Tensor& up,
+                                                     const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(gate.device());
+    CheckX(gate, 1);
+    CheckLike(up, gate, "up");
+    CheckLike(g, gate, "g");
+    at::Tensor dGate = at::empty_like(gate);
+    at::Tensor dUp = at::empty_like(gate);
+    const int64_t n = gate.numel();
+    BITPARITY_LAUNCH(bitparity_silu_mul_backward, Tiles(n), Gm(gate), Gm(up), Gm(g), Gm(dGate), Gm(dUp), n);
+    return {dGate, dUp};
+}
+
+// Two launches on the stream, in order: per query, dq and the statistics (shift, recip, G) into a workspace; then
+// per key, dk and dv.  The kernels read k and v also as [G, D, Tk], q and g also as [G, D, Tq]: the transposes are
+// copies on the NPU (no arithmetic).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionBackwardOp(const at::Tensor& q, const at::Tensor& k,
+                                                                   const at::Tensor& v, const at::Tensor& kvLengths,
+                                                                   bool causal, double scale, const at::Tensor& g)
+{
+    const c10::DeviceGuard guard(q.device());
+    CheckX(q, 3);
+    const int64_t groups = q.size(0), tq = q.size(1), d = q.size(2);
+    TORCH_CHECK(k.dim() == 3, "bitparity (ascend): k must be [G, Tk, D]");
+    const int64_t tk = k.size(1);
+    CheckShaped(k, q, {groups, tk, d}, "k");
+    CheckShaped(v, q, {groups, tk, d}, "v");
+    CheckLike(g, q, "g");
+    TORCH_CHECK(std::max(tq, tk) <= int64_t(bitparity::ATTENTION_MAX_KEYS) &&
+                    d <= int64_t(bitparity::ATTENTION_MAX_DIM),
+                "bitparity (ascend): the attention backward takes at most ", bitparity::ATTENTION_MAX_KEYS,
+                " keys and queries (", bitparity::ATTENTION_MAX_SEGMENTS, " segments of either: one partial row each "
+                "in UB) and head dimensions of at most ", bitparity::ATTENTION_MAX_DIM, "; got Tq = ", tq, ", Tk = ",
+                tk, ", D = ", d);
+    TORCH_CHECK(!causal || tq <= tk, "bitparity (ascend): causal attention needs Tq <= Tk");
+    TORCH_CHECK(groups * std::max(tq, tk) * d < (int64_t(1) << 32), "bitparity (ascend): fewer than 2**32 elements");
+    CheckRowParameter(kvLengths, q, at::kLong, "kv_lengths");
+    at::Tensor kT = k.transpose(1, 2).contiguous();
+    at::Tensor vT = v.transpose(1, 2).contiguous();
+    at::Tensor qT = q.transpose(1, 2).contiguous();
+    at::Tensor gT = g.transpose(1, 2).contiguous();
+    at::Tensor stats = at::empty({3, groups * tq}, q.options());
+    at::Tensor dq = at::empty_like(q);
+    at::Tensor dk = at::empty_like(k);
+    at::Tensor dv = at::empty_like(v);
+    BITPARITY_LAUNCH(bitparity_attention_query_grad, Blocks(groups * tq), Gm(q), Gm(kT), Gm(k), Gm(vT), Gm(g),
+                     Gm(kvLengths), Gm(dq), Gm(stats), groups, tq, tk, d, causal, Scale(scale));
+    BITPARITY_LAUNCH(bitparity_attention_backward, Blocks(groups * tk), Gm(q), Gm(qT), Gm(k), Gm(v), Gm(g), Gm(gT),
+                     Gm(kvLengths), Gm(stats), Gm(dk), Gm(dv), groups, tq, tk, d, causal, Scale(scale));
+    return {dq, dk, dv};
+}
+
+// decay: None without weight decay.  The constants are float32 values passed as Python floats: exact in float.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> AdamwStepOp(const at::Tensor& w, const at::Tensor& g,
+                                                           const at::Tensor& m, const at::Tensor& v,
+                                                           c10::optional<double> decay, double b1, double c1,
+                                                           double b2, double c2, double ibc2, double eps,
+                                                           double step)
+{
+    const c10::DeviceGuard guard(w.device());
+    CheckX(w, 1);
+    CheckLike(g, w, "g");
+    CheckLike(m, w, "m");
+    CheckLike(v, w, "v");
+    at::Tensor wOut = at::empty_like(w);
+    at::Tensor mOut = at::empty_like(w);
+    at::Tensor vOut = at::empty_like(w);
+    const int64_t n = w.numel();
+    BITPARITY_LAUNCH(bitparity_adamw_step, Tiles(n), Gm(w), Gm(g), Gm(m), Gm(v), Gm(wOut), Gm(mOut), Gm(vOut), n,
+                     decay.has_value(), Float32(decay.value_or(0.0)), Float32(b1), Float32(c1), Float32(b2),
+                     Float32(c2), Float32(ibc2), Float32(eps), Float32(step));
+    return {wOut, mOut, vOut};
+}
+
+// buf: None on the first step.  Returns (w, buf); without momentum the buffer is untouched and an empty tensor
+// comes back in its place (the backend returns the caller's buf).
+std::tuple<at::Tensor, at::Tensor> SgdStepOp(const at::Tensor& w, const at::Tensor& g,
+                                             const c10::optional<at::Tensor>& buf, double lr, double momentum,
+                                             double oneMinusDampening, double weightDecay, bool nesterov)
+{
+    const c10::DeviceGuard guard(w.device());
+    CheckX(w, 1);
+    CheckLike(g, w, "g");
+    if (buf.has_value()) {
+        CheckLike(*buf, w, "buf");
+    }
+    const bool withMomentum = Float32(momentum) != 0.0f;
+    at::Tensor wOut = at::empty_like(w);
+    at::Tensor bufOut = withMomentum ? at::empty_like(w) : at::empty({0}, w.options());
+    const int64_t n = w.numel();
+    BITPARITY_LAUNCH(bitparity_sgd_step, Tiles(n), Gm(w), Gm(g), buf.has_value() ? Gm(*buf) : nullptr, Gm(wOut),
+                     withMomentum ? Gm(bufOut) : nullptr, n, Float32(lr), Float32(momentum),
+                     Float32(oneMinusDampening), Float32(weightDecay), nesterov, buf.has_value());
+    return {wOut, bufOut};
+}
+
 }  // namespace bitparity_npu
 
 TORCH_LIBRARY(bitparity_ascend, m)
 {
     m.def("sum(Tensor x, Tensor? mask) -> Tensor");
-    m.def("logsumexp(Tensor x, Tensor? mask, float scale) -> Tensor");
-    m.def("log_softmax(Tensor x, Tensor? mask, float scale) -> Tensor");
-    m.def("softmax(Tensor x, Tensor? mask, float scale) -> Tensor");
-    m.def("entropy(Tensor x, Tensor? mask, float scale) -> Tensor");
-    m.def("token_logprobs(Tensor x, Tensor tokens, float scale) -> Tensor");
+    m.def("logsumexp(Tensor x, Tensor? mask, Tensor scale) -> Tensor");
+    m.def("log_softmax(Tensor x, Tensor? mask, Tensor scale) -> Tensor");
+    m.def("softmax(Tensor x, Tensor? mask, Tensor scale) -> Tensor");
+    m.def("entropy(Tensor x, Tensor? mask, Tensor scale) -> Tensor");
+    m.def("token_logprobs(Tensor x, Tensor tokens, Tensor scale) -> Tensor");
     m.def("exp(Tensor x) -> Tensor");
     m.def("log(Tensor x) -> Tensor");
     m.def("masked_mean(Tensor x, Tensor? mask) -> Tensor");
@@ -619,11 +813,11 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale) -> Tensor");
     m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
     // Backward (spec 26)
-    m.def("logsumexp_backward(Tensor x, Tensor? mask, float scale, Tensor g) -> Tensor");
-    m.def("log_softmax_backward(Tensor y, Tensor? mask, float scale, Tensor g) -> Tensor");
-    m.def("softmax_backward(Tensor p, Tensor? mask, float scale, Tensor g) -> Tensor");
-    m.def("entropy_backward(Tensor x, Tensor? mask, float scale, Tensor h, Tensor g) -> Tensor");
-    m.def("token_logprobs_backward(Tensor x, Tensor tokens, float scale, Tensor g) -> Tensor");
+    m.def("logsumexp_backward(Tensor x, Tensor? mask, Tensor scale, Tensor g) -> Tensor");
+    m.def("log_softmax_backward(Tensor y, Tensor? mask, Tensor scale, Tensor g) -> Tensor");
+    m.def("softmax_backward(Tensor p, Tensor? mask, Tensor scale, Tensor g) -> Tensor");
+    m.def("entropy_backward(Tensor x, Tensor? mask, Tensor scale, Tensor h, Tensor g) -> Tensor");
+    m.def("token_logprobs_backward(Tensor x, Tensor tokens, Tensor scale, Tensor g) -> Tensor");
     m.def("masked_mean_backward(Tensor mask, Tensor g) -> Tensor");
     m.def("masked_whiten_backward(Tensor x, Tensor mask, bool shift_mean, bool unbiased, float eps, int eps_mode, "
           "Tensor g) -> Tensor");
@@ -631,6 +825,17 @@ TORCH_LIBRARY(bitparity_ascend, m)
           "Tensor g) -> Tensor");
     m.def("ppo_policy_loss_backward(Tensor logp, Tensor old_logp, Tensor advantages, Tensor mask, float ratio_low, "
           "float ratio_high, float dual_clip, float ratio_clamp, int agg, Tensor g) -> Tensor");
+    // Training (spec 29)
+    m.def("fold_rows(Tensor c, Tensor order, Tensor positions, Tensor starts, int rows) -> Tensor");
+    m.def("weight_grad(Tensor x, Tensor g, Tensor positions, int rows) -> Tensor");
+    m.def("rms_norm_backward(Tensor x, Tensor weight, float eps, Tensor g) -> (Tensor, Tensor)");
+    m.def("silu_mul_backward(Tensor gate, Tensor up, Tensor g) -> (Tensor, Tensor)");
+    m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale, Tensor g) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("adamw_step(Tensor w, Tensor g, Tensor m, Tensor v, float? decay, float b1, float c1, float b2, float c2, "
+          "float ibc2, float eps, float step) -> (Tensor, Tensor, Tensor)");
+    m.def("sgd_step(Tensor w, Tensor g, Tensor? buf, float lr, float momentum, float one_minus_dampening, "
+          "float weight_decay, bool nesterov) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
@@ -666,4 +871,11 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("masked_whiten_backward", TORCH_FN(bitparity_npu::MaskedWhitenBackwardOp));
     m.impl("kl_penalty_backward", TORCH_FN(bitparity_npu::KlPenaltyBackwardOp));
     m.impl("ppo_policy_loss_backward", TORCH_FN(bitparity_npu::PpoPolicyLossBackwardOp));
+    m.impl("fold_rows", TORCH_FN(bitparity_npu::FoldRowsOp));
+    m.impl("weight_grad", TORCH_FN(bitparity_npu::WeightGradOp));
+    m.impl("rms_norm_backward", TORCH_FN(bitparity_npu::RmsNormBackwardOp));
+    m.impl("silu_mul_backward", TORCH_FN(bitparity_npu::SiluMulBackwardOp));
+    m.impl("attention_backward", TORCH_FN(bitparity_npu::AttentionBackwardOp));
+    m.impl("adamw_step", TORCH_FN(bitparity_npu::AdamwStepOp));
+    m.impl("sgd_step", TORCH_FN(bitparity_npu::SgdStepOp));
 }
