@@ -12,8 +12,8 @@ from . import compat, distributed, metrics, optim
 from .backends import backends, current_backend, use_backend
 from .beam import BeamSearchOutput, beam_search
 from .ops import (attention, beam_search_step, embedding, entropy, exp, filter_logits, gae, kl_penalty, linear, log,
-                  log_softmax, logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm, rollout_correction,
-                  rotary, rotary_tables, sample, silu_mul, softmax, sum, token_logprobs, topk)
+                  log_softmax, logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm,
+                  rollout_correction, rotary, rotary_tables, sample, silu_mul, softmax, sum, token_logprobs, topk)
 from .spec import SPEC_VERSION
 
 # The installed distribution's version, whose one source is pyproject.toml. None for a checkout that is on

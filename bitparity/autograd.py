@@ -80,7 +80,8 @@ def refuse_grad(op, **tensors):
 
 
 def _dense(g):
-    """Upstream gradients arrive in any layout (sum().backward() gives a stride-0 expand); backends read dense float32."""
+    """Upstream gradients arrive in any layout (sum().backward() gives a stride-0 expand); backends read dense
+    float32."""
     return g.to(torch.float32).contiguous()
 
 

@@ -158,10 +158,11 @@ def _small_training(backend):
 
     def grads(name):
         device = torch.device(device_type(name))
-        leaves = [t.to(device).requires_grad_() for t in inputs]
+        leaves = [t.to(device).clone().requires_grad_() for t in inputs]      # fresh leaves: no .grad carried over
         x, w, nw, q, router, gate, up, down = leaves
         loss = (ops.linear(x, w, backend=name).sum() + ops.rms_norm(x, nw, backend=name).sum()
-                + ops.attention(q, q, q, backend=name).sum() + ops.moe(x, router, gate, up, down, 2, backend=name).sum())
+                + ops.attention(q, q, q, backend=name).sum()
+                + ops.moe(x, router, gate, up, down, 2, backend=name).sum())
         loss.backward()
         step = torch.nn.Parameter(w.detach().clone())
         step.grad = w.grad.clone()

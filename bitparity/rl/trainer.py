@@ -108,6 +108,7 @@ def recompute(model, rollout, layout, temperature, width=None):
     return logp, values
 
 
+@torch.no_grad()
 def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSettings(), *, width=None, group=None):
     """The trainer's step on a finished rollout: recomputed log-probs and values (policy), reference
     log-probs, rewards -kl_coef * k1 + score at the last token, GAE (carry), whitened advantages and the
@@ -115,7 +116,8 @@ def rl_step(policy, reference, rollout, layout=TrainerLayout(), settings=RLSetti
 
     Data-parallel (spec 28): with a process group, `rollout` holds this rank's requests, `width` is the global
     longest response, and the whitening and the loss run over the rank-order concatenation of every rank's rows
-    (bitparity.distributed), so every rank gets the single-process step's bits for its rows."""
+    (bitparity.distributed), so every rank gets the single-process step's bits for its rows. No autograd: the
+    step's outputs are the update's targets (bitparity.rl.train differentiates the loss itself)."""
     backend, device = policy.backend, policy.device
     width = max(map(len, rollout.tokens)) if width is None else width
     tokens = _response_layout(rollout.tokens, width, -1, device)
