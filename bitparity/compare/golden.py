@@ -111,8 +111,9 @@ def _max_ulp_and_first_diff(got, want):
     return max_ulp, first
 
 
-def verify(backend, tier="quick", golden=None, progress=True):
-    """Run the tier on backend and check each case against the golden digests.
+def verify(backend, tier="quick", golden=None, progress=True, names=None):
+    """Run the tier on backend (only the cases named in `names`, when given) and check each case against the
+    golden digests.
 
     Returns one dict per case: name, op, match, and for a mismatch max_ulp and first_diff against
     the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build);
@@ -123,7 +124,7 @@ def verify(backend, tier="quick", golden=None, progress=True):
         raise ValueError(f"the golden file is for spec {golden['spec_version']}, suite {golden['suite_version']}; "
                          f"this is spec {SPEC_VERSION}, suite {cases.SUITE_VERSION}")
     want = {row["name"]: row["digest"] for row in golden["cases"]}
-    suite = cases.suite(tier)
+    suite = [c for c in cases.suite(tier) if names is None or c.name in names]
     missing = [c.name for c in suite if c.name not in want]
     if missing:
         raise ValueError(f"the golden file has no digests for {len(missing)} {tier} case(s), e.g. {missing[0]}: "
