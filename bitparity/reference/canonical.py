@@ -741,9 +741,7 @@ def linear(x, weight, bias):
 
 def rms_norm(x, weight, eps):
     """[R, D], weight [D] -> [R, D]: (x * rsqrt(canonical_sum(x*x) * (1/D) + eps)) * weight (spec 24.2)."""
-    ms = canonical_sum(x * x) * reciprocal(F32(x.shape[1]))
-    r = rsqrt(ms + F32(eps))
-    return (x * r[:, None]) * weight[None, :]
+    return (x * _rms_stats(x, eps)[:, None]) * weight[None, :]
 
 
 def rotary(x, cos, sin):
@@ -780,10 +778,7 @@ def attention(q, k, v, kv_lengths, causal, scale):
 
 def silu_mul(gate, up):
     """[n] twice -> [n]: SwiGLU's silu(gate) * up with sigmoid = 1/(1 + e) or e/(1 + e), e = exp(-|g|) (spec 24.5)."""
-    e = exp(-np.abs(gate))
-    r = reciprocal(F32(1.0) + e)                    # 1 + e in [1, 2]: inside reciprocal's domain
-    sigmoid = np.where(gate >= F32(0.0), r, e * r)
-    return (gate * sigmoid) * up
+    return (gate * _sigmoid(gate)) * up
 
 
 # -- Training (spec 29) -------------------------------------------------------
@@ -828,6 +823,7 @@ def weight_grad(x, g, positions, rows):
 
 
 def _rms_stats(x, eps):
+    """r = rsqrt(canonical_sum(x*x) * (1/D) + eps) per row (spec 24.2); rms_norm and its backward share it."""
     ms = canonical_sum(x * x) * reciprocal(F32(x.shape[1]))
     return rsqrt(ms + F32(eps))
 
@@ -843,8 +839,9 @@ def rms_norm_backward(x, weight, eps, g):
 
 
 def _sigmoid(gate):
+    """1/(1 + e) or e/(1 + e), e = exp(-|gate|) (spec 24.5); silu_mul and its backward share it."""
     e = exp(-np.abs(gate))
-    r = reciprocal(F32(1.0) + e)
+    r = reciprocal(F32(1.0) + e)                    # 1 + e in [1, 2]: inside reciprocal's domain
     return np.where(gate >= F32(0.0), r, e * r)
 
 
