@@ -280,13 +280,23 @@ def embedding(module, tokens, weight):
     return weight[tokens]
 
 
-def _moe_forward(module, x, router, gate, up, down, top_k):
-    """Spec 24.6, keeping what the backward reads: (out [M, D], weights [M, k], chosen [M, k], per-expert
-    (token, slot, h, z, u, act) for the experts with tokens, outputs [M, k, D])."""
+def _moe_routing(module, x, router, top_k, norm_topk_prob):
+    """Spec 24.6's router: (weights [M, k], chosen [M, k], probs [M, E] or None). The top_k experts by router logit;
+    with norm_topk_prob their weights are the softmax over the chosen logits (probs None), without it the softmax
+    over all E logits (probs) taken at the chosen experts."""
     logits = module.linear(x, router, None)                                        # [M, E]
     top_logits, chosen = module.topk(logits, top_k)                                # [M, k], rank order
     ones = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
-    weights = module.softmax(top_logits.contiguous(), None, ones)                  # [M, k]
+    if norm_topk_prob:
+        return module.softmax(top_logits.contiguous(), None, ones), chosen, None   # [M, k]
+    probs = module.softmax(logits.contiguous(), None, ones)                        # [M, E]
+    return probs.gather(1, chosen), chosen, probs
+
+
+def _moe_forward(module, x, router, gate, up, down, top_k, norm_topk_prob):
+    """Spec 24.6, keeping what the backward reads: (out [M, D], weights [M, k], chosen [M, k], per-expert
+    (token, slot, h, z, u, act) for the experts with tokens, outputs [M, k, D], probs [M, E] or None)."""
+    weights, chosen, probs = _moe_routing(module, x, router, top_k, norm_topk_prob)
     outputs = torch.empty(x.shape[0], top_k, x.shape[1], dtype=torch.float32, device=x.device)   # [M, k, D]
     routed = {}
     for e in range(router.shape[0]):
@@ -300,16 +310,30 @@ def _moe_forward(module, x, router, gate, up, down, top_k):
         routed[e] = (token, slot, h, z, u, act)
     weighted = weights[:, :, None] * outputs                                       # one multiply per term
     out = module.sum(weighted.transpose(1, 2).reshape(-1, top_k).contiguous(), None).reshape(x.shape)
-    return out, weights, chosen, routed, outputs
+    return out, weights, chosen, routed, outputs, probs
+
+
+def _moe_router_grad(module, weights, chosen, probs, d_weights, experts):
+    """Spec 29.7's dl [M, E] from dwt [M, k]: with the top-k softmax (probs None), spec 26.4 over the k chosen
+    logits placed at the chosen experts (+0.0 elsewhere); with the softmax over all experts, dwt placed at the
+    chosen experts (+0.0 elsewhere) and the backend's spec 26.4 over all E."""
+    tokens = weights.shape[0]
+    placed = torch.zeros(tokens, experts, dtype=torch.float32, device=weights.device)
+    if probs is None:
+        big_g = module.sum((d_weights * weights).contiguous(), None)                              # G
+        return placed.scatter_(1, chosen, weights * (d_weights - big_g[:, None]))                 # dlt_s placed
+    ones = torch.ones(tokens, dtype=torch.float32, device=weights.device)
+    return module.softmax_backward(probs, None, ones, placed.scatter_(1, chosen, d_weights))      # dp -> dl
 
 
 class _Moe(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, module, top_k, x, router, gate, up, down):
-        ctx.module, ctx.top_k = module, top_k
+    def forward(ctx, module, top_k, norm_topk_prob, x, router, gate, up, down):
+        ctx.module, ctx.top_k, ctx.norm_topk_prob = module, top_k, norm_topk_prob
         ctx.save_for_backward(x, router, gate, up, down)
-        return _moe_forward(module, x.detach(), router.detach(), gate.detach(), up.detach(), down.detach(), top_k)[0]
+        return _moe_forward(module, x.detach(), router.detach(), gate.detach(), up.detach(), down.detach(), top_k,
+                            norm_topk_prob)[0]
 
     @staticmethod
     def backward(ctx, g):
@@ -318,12 +342,11 @@ class _Moe(torch.autograd.Function):
         x, router, gate, up, down = ctx.saved_tensors
         g = _dense(g)
         tokens, width = x.shape
-        _, weights, chosen, routed, outputs = _moe_forward(m, x, router, gate, up, down, ctx.top_k)
+        _, weights, chosen, routed, outputs, probs = _moe_forward(m, x, router, gate, up, down, ctx.top_k,
+                                                                  ctx.norm_topk_prob)
         k = ctx.top_k
         d_weights = m.sum((g[:, None, :] * outputs).reshape(-1, width), None).reshape(tokens, k)    # dwt_s
-        big_g = m.sum((d_weights * weights).contiguous(), None)                                   # G
-        d_top = weights * (d_weights - big_g[:, None])                                            # dlt_s
-        d_logits = torch.zeros(tokens, router.shape[0], dtype=torch.float32, device=x.device).scatter_(1, chosen, d_top)
+        d_logits = _moe_router_grad(m, weights, chosen, probs, d_weights, router.shape[0])        # dl
         d_outputs = g[:, None, :] * weights[:, :, None]                                           # dy_s
         terms = torch.empty(tokens, 1 + 2 * k, width, dtype=torch.float32, device=x.device)
         terms[:, 0] = m.linear(d_logits, router.t().contiguous(), None)                           # r
@@ -339,14 +362,16 @@ class _Moe(torch.autograd.Function):
             grads[2][e] = weight_grad(m, h, du, token, tokens)
             grads[3][e] = weight_grad(m, act, dy, token, tokens)
         dx = m.sum(terms.transpose(1, 2).reshape(-1, 1 + 2 * k).contiguous(), None).reshape(x.shape)
-        return (None, None, dx, *grads)
+        return (None, None, None, dx, *grads)
 
 
-def moe(module, x, router, gate, up, down, top_k):
-    """Spec 24.6's block on dense float32 inputs, differentiable in all five tensors (spec 29.7)."""
+def moe(module, x, router, gate, up, down, top_k, norm_topk_prob=True):
+    """Spec 24.6's block on dense float32 inputs, differentiable in all five tensors (spec 29.7). norm_topk_prob
+    (checked by ops.py): the weights are the softmax over the top_k chosen logits (True) or the softmax over all
+    experts taken at the chosen ones (False)."""
     tensors = (x, router, gate, up, down)
     if module.NAME == "native":                                  # torch's own autograd through torch's ops
-        return _moe_forward(module, *tensors, top_k)[0]
+        return _moe_forward(module, *tensors, top_k, norm_topk_prob)[0]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _Moe.apply(module, top_k, *tensors)
-    return _moe_forward(module, *(t.detach() for t in tensors), top_k)[0]
+        return _Moe.apply(module, top_k, norm_topk_prob, *tensors)
+    return _moe_forward(module, *(t.detach() for t in tensors), top_k, norm_topk_prob)[0]

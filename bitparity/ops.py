@@ -807,7 +807,7 @@ def silu_mul(gate, up, *, backend=None):
     return _call("silu_mul", backend, *flat).reshape(gate.shape)
 
 
-def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None):
+def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, norm_topk_prob=True, backend=None):
     """A Qwen3-MoE block (spec 24.6): x [M, D]; router_weight [E, D]; gate_proj and up_proj [E, I, D];
     down_proj [E, D, I] -> [M, D].
 
@@ -816,6 +816,10 @@ def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None)
     each chosen expert computes down(silu_mul(gate(x), up(x))); the outputs are combined per token as the
     canonical sum over the top_k slots, in rank order, of weight * output. No scatter, no atomics: a
     token's bits depend on that token only. 1 <= top_k <= E.
+
+    norm_topk_prob=False is Qwen3-MoE's (HF transformers') routing without renormalisation: the same top_k
+    experts by router logit, weighted by the softmax over all E router logits taken at those experts, not
+    divided by their sum. The default True keeps the weights above.
 
     Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
     and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
@@ -834,8 +838,10 @@ def moe(x, router_weight, gate_proj, up_proj, down_proj, top_k, *, backend=None)
     up_proj = _check_param("up_proj", up_proj, (experts, inter, x.shape[1]), "x", x)
     down_proj = _check_param("down_proj", down_proj, (experts, x.shape[1], inter), "x", x)
     top_k = _positive_int("top_k", top_k, experts, " (the number of experts E)")
+    if not isinstance(norm_topk_prob, bool):
+        raise TypeError(f"norm_topk_prob must be a bool; got {type(norm_topk_prob).__name__}")
     dense = (_dense(t.to(torch.float32)) for t in (x, router_weight, gate_proj, up_proj, down_proj))
-    return _autograd.moe(_resolve(backend, x.device), *dense, top_k)
+    return _autograd.moe(_resolve(backend, x.device), *dense, top_k, norm_topk_prob)
 
 
 def embedding(tokens, weight, *, backend=None):

@@ -178,6 +178,8 @@ def test_moe_rejects_top_k_outside_one_to_experts(top_k):
 
 @pytest.mark.parametrize("changes,error,match", [
     ({"top_k": 2.0}, TypeError, "top_k must be an integer"),
+    ({"norm_topk_prob": 1}, TypeError, "norm_topk_prob must be a bool; got int"),
+    ({"norm_topk_prob": None}, TypeError, "norm_topk_prob must be a bool; got NoneType"),
     ({"x": torch.randn(2, 3, 8)}, ValueError, r"x must have shape \[M, D\]"),
     ({"router_weight": torch.randn(4, 7)}, ValueError, r"router_weight must have shape \(4, 8\)"),
     ({"gate_proj": torch.randn(4, 6, 7)}, ValueError, r"gate_proj must have shape \(4, 6, 8\)"),

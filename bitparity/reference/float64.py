@@ -297,9 +297,10 @@ def silu_mul(gate, up):
         return g / (1.0 + np.exp(-g)) * up.astype(F64)
 
 
-def moe_routing(x, router, top_k):
+def moe_routing(x, router, top_k, norm_topk_prob=True):
     """(chosen int64 [M, k], weights float64 [M, k]) of Qwen3-MoE's router: the softmax over all E experts in
-    float64, the chosen experts' probabilities divided by their sum (norm_topk_prob).
+    float64, taken at the chosen experts, and with norm_topk_prob (the default) divided by their sum; without it
+    (HF's norm_topk_prob=False) not divided.
 
     The chosen experts, in rank order, are those spec 24.6 chooses: the k largest float32 router logits
     linear(x, router) (spec 24.1's bits, which every canonical backend shares), ties to the lowest expert index
@@ -313,7 +314,7 @@ def moe_routing(x, router, top_k):
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     weights = np.take_along_axis(probs, chosen, axis=1)
-    return chosen, weights / weights.sum(axis=1, keepdims=True)
+    return chosen, (weights / weights.sum(axis=1, keepdims=True) if norm_topk_prob else weights)
 
 
 def _experts(x, gate, up, down, chosen, weights, act):
@@ -328,15 +329,16 @@ def _experts(x, gate, up, down, chosen, weights, act):
     return out
 
 
-def moe(x, router, gate, up, down, top_k):
+def moe(x, router, gate, up, down, top_k, norm_topk_prob=True):
     """x [M, D], router [E, D], gate and up [E, I, D], down [E, D, I] -> [M, D]: Qwen3-MoE's block, the chosen
-    experts' SwiGLU MLPs weighted by moe_routing's weights."""
-    chosen, weights = moe_routing(x, router, top_k)
+    experts' SwiGLU MLPs weighted by moe_routing's weights (norm_topk_prob as there)."""
+    chosen, weights = moe_routing(x, router, top_k, norm_topk_prob)
     return _experts(x, gate, up, down, chosen, weights, silu_mul)
 
 
-def moe_magnitude(x, router, gate, up, down, top_k):
-    """[M, D]: sum_s wt_s |down_s| (|gate_s| |x| * |up_s| |x|), the magnitude path. It bounds how far any rounding
-    inside an expert can move the output (|silu(g)| <= |g|, sigmoid' <= 1/4), where the sums inside cancel."""
-    chosen, weights = moe_routing(x, router, top_k)
+def moe_magnitude(x, router, gate, up, down, top_k, norm_topk_prob=True):
+    """[M, D]: sum_s wt_s |down_s| (|gate_s| |x| * |up_s| |x|), the magnitude path, wt_s moe_routing's weights
+    (norm_topk_prob as there). It bounds how far any rounding inside an expert can move the output
+    (|silu(g)| <= |g|, sigmoid' <= 1/4), where the sums inside cancel."""
+    chosen, weights = moe_routing(x, router, top_k, norm_topk_prob)
     return _experts(np.abs(x), np.abs(gate), np.abs(up), np.abs(down), chosen, weights, np.multiply)

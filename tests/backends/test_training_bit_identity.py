@@ -11,6 +11,10 @@ special values (NaN, +-inf, +-0, subnormals, overflowing squares) in every op. T
 case is computed once and shared by every backend, build, thread count, core count and tile; floats are compared
 as int32 bits after NaN canonicalisation.
 
+Then the moe block's routing without renormalisation (norm_topk_prob=False, spec 24.6 and 29.7) through the
+public API and autograd: its output and the gradients of x and all four weights, on cases with k = 1, k = E and
+an expert no token chooses, against the numpy backend's bits; and a negative control: True gives other bits.
+
 Then what only one backend has: every cpu ISA build and thread count, one emulated ascend core and the ascend
 kernels' UB limits, the cuda row fold's block and its product tiles shrunk. Negative controls show the cases
 tell orders apart: a row fold added left to right, torch's g^T x and torch's autograd of rms_norm all differ.
@@ -22,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+import bitparity as bp
 from bitparity.backends import _module, cpu
 from bitparity.backends.ascend import host_emulation
 from bitparity.backends.cuda import layout
@@ -227,6 +232,60 @@ def assert_calls_match(op, fn, omitted=()):
 @pytest.mark.parametrize("op", OPS)
 def test_training_op_matches_numpy(backend, op):
     assert_calls_match(op, getattr(_module(backend), op), CUDA_OMITTED.get(op, ()) if backend == "cuda" else ())
+
+
+# -- moe without renormalisation: the composite's forward and backward -------------------------------
+
+# (tokens, D, I, experts, top_k): k = 2 of 5 with expert 4 never chosen (its logits far below), k = E, k = 1
+MOE_CASES = ((9, 12, 5, 5, 2), (4, 8, 3, 3, 3), (6, 8, 3, 4, 1))
+
+
+@functools.cache
+def _moe_inputs(case):
+    """(x, router, gate, up, down), upstream gradient; unit normal, the expert weights scaled by 0.3."""
+    m, d, inter, experts, _ = case
+    rng = np.random.default_rng(list(case))
+    x, router = (torch.from_numpy(rng.standard_normal(shape).astype(F32)) for shape in ((m, d), (experts, d)))
+    if experts == 5:                 # logits near 6 for experts 0-3, near -6 for expert 4: never chosen, p_4 > 0
+        x[:, 0], router[:, 0] = 3.0, torch.tensor([2.0, 2.0, 2.0, 2.0, -2.0])
+        router[:, 1:] *= 0.3
+    weights = [torch.from_numpy((rng.standard_normal(shape) * 0.3).astype(F32))
+               for shape in ((experts, inter, d), (experts, inter, d), (experts, d, inter))]
+    return (x, router, *weights), torch.from_numpy(rng.standard_normal((m, d)).astype(F32))
+
+
+def moe_bits(backend, case, norm_topk_prob=False):
+    """(out, dx, drouter, dgate, dup, ddown) of bitparity.moe on backend, as int32 bits."""
+    inputs, g = _moe_inputs(case)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = bp.moe(*leaves, case[-1], norm_topk_prob=norm_topk_prob, backend=backend)
+    out.backward(g)
+    return tuple(t.detach().view(torch.int32) for t in (out, *(leaf.grad for leaf in leaves)))
+
+
+@functools.cache
+def moe_want(case, norm_topk_prob=False):
+    return moe_bits("numpy", case, norm_topk_prob)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=lambda c: "M={} D={} I={} E={} k={}".format(*c))
+def test_moe_without_renormalisation_matches_numpy(backend, case):
+    names = ("out", "dx", "drouter", "dgate", "dup", "ddown")
+    got = moe_bits(backend, case)
+    assert [name for name, a, b in zip(names, got, moe_want(case)) if not torch.equal(a, b)] == []
+
+
+def test_moe_without_renormalisation_differs_from_the_default():
+    """norm_topk_prob=False is a different block: other output bits and other router gradients (for k < E); an
+    expert no token chose still gets a router gradient (the softmax over all experts reads its logit), and -0.0
+    in its own weights."""
+    case = MOE_CASES[0]
+    plain, normalised = moe_want(case), moe_want(case, True)
+    for i in (0, 1, 2):                                          # out, dx, drouter
+        assert not torch.equal(plain[i], normalised[i])
+    assert (normalised[2][4].view(torch.float32) == 0).all() and (plain[2][4].view(torch.float32) != 0).all()
+    negative_zero = torch.tensor(-0.0).view(torch.int32)
+    assert all((grad[4] == negative_zero).all() for grad in plain[3:])
 
 
 # -- What one backend has ---------------------------------------------------------------------------
