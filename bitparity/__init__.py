@@ -11,6 +11,7 @@ import importlib.metadata
 from . import compat, distributed, metrics, optim
 from .backends import backends, current_backend, use_backend
 from .beam import BeamSearchOutput, beam_search
+from .hf import patch, unpatch
 from .ops import (attention, beam_search_step, embedding, entropy, exp, filter_logits, gae, kl_penalty, linear, log,
                   log_softmax, logsumexp, masked_mean, masked_whiten, moe, ppo_policy_loss, rms_norm,
                   rollout_correction, rotary, rotary_tables, sample, silu_mul, softmax, sum, token_logprobs, topk)
@@ -29,5 +30,5 @@ __all__ = [
     "gae", "masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss", "rollout_correction", "metrics", "compat",
     "topk", "filter_logits", "sample", "beam_search_step", "beam_search", "BeamSearchOutput",
     "linear", "rms_norm", "rotary", "rotary_tables", "attention", "silu_mul", "moe", "embedding",
-    "optim", "distributed",
+    "optim", "distributed", "patch", "unpatch",
 ]
