@@ -20,6 +20,7 @@ attention module's own forward, which no registry reaches (docs/integrations.md)
 transformers is imported only when a model is patched: bitparity itself does not depend on it.
 """
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -59,6 +60,11 @@ class MaskPlan:
         rank = valid.cumsum(dim=1) - 1                                                # key j's place in its row
         seen = allowed.sum(dim=2)                                                     # [B, Tq]: keys per query
         prefix = valid[:, None, :] & (rank[:, None, :] < seen[:, :, None])
+        tq, tk = allowed.shape[1:]
+        ahead = torch.arange(tk, device=allowed.device)[None, :] > torch.arange(tq, device=allowed.device)[:, None] + (tk - tq)
+        if bool((allowed & ahead).any()):
+            raise ValueError("bitparity attention takes causal masks over padded sequences; this mask lets a query "
+                             "see a key after its own position (a bidirectional or look-ahead mask)")
         if not torch.equal(prefix, allowed):
             raise ValueError("bitparity attention takes causal masks over padded sequences; this mask gives a "
                              "query keys that are not the first keys of its sequence (a sliding window, "
@@ -308,10 +314,17 @@ class RotaryTables(torch.nn.Module):
 
     def __init__(self, original, config, head_dim):
         super().__init__()
-        cos, sin = ops.rotary_tables(config.max_position_embeddings, head_dim, _rope_theta(config))
+        self.tables = ops.rotary_tables(config.max_position_embeddings, head_dim, _rope_theta(config))
         device = original.inv_freq.device
-        self.register_buffer("cos", cos.to(device), persistent=False)
-        self.register_buffer("sin", sin.to(device), persistent=False)
+        self.register_buffer("cos", self.tables[0].to(device), persistent=False)
+        self.register_buffer("sin", self.tables[1].to(device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """model.to(device) moves the tables; model.to(bfloat16) or .half() must not round them (§30.1): they are
+        the host's binary32 tables on whatever device the cast leaves them."""
+        super()._apply(fn, recurse)
+        self.cos, self.sin = (t.to(self.cos.device) for t in self.tables)
+        return self
 
     def forward(self, x, position_ids):
         if position_ids.numel() and int(position_ids.max()) >= self.cos.shape[0]:
@@ -494,13 +507,22 @@ def _register():
     AttentionMaskInterface.register(NAME, mask_plan)
 
 
+def _refuse_unsupported_outputs(module, args, kwargs):
+    """A forward pre-hook on the patched model: outputs the replaced modules cannot give raise, naming them."""
+    for name, why in (("output_router_logits", "the router's logits and auxiliary loss are not recorded"),
+                      ("output_attentions", "bitparity's attention does not return its probabilities")):
+        if kwargs.get(name):
+            raise ValueError(f"a model patched by bitparity cannot give {name}=True: {why}")
+
+
 def patch(model, *, backend=None):
     """Run a Hugging Face LlamaForCausalLM, Qwen3ForCausalLM or Qwen3MoeForCausalLM on bitparity ops, in
     place; returns the model. backend: a bitparity backend name, or None for the current one at each call
     (`bitparity.use_backend`). Every computing module is replaced (the originals are kept for `unpatch`), the
-    attention implementation becomes "bitparity", and `forward(labels=...)` computes its loss with
-    bitparity ops. A model, module or option that cannot run on canonical ops raises TypeError/ValueError
-    naming it, before anything changes."""
+    attention implementation of this model's own copy of its config becomes "bitparity" (other models built
+    from the same config object are left alone), and `forward(labels=...)` computes its loss with bitparity
+    ops. A model, module or option that cannot run on canonical ops raises TypeError/ValueError naming it,
+    before anything changes."""
     if hasattr(model, _ORIGINALS):
         raise ValueError("this model is already patched; call bitparity.unpatch(model) first")
     if backend is not None:
@@ -510,22 +532,26 @@ def patch(model, *, backend=None):
     _register()
     originals = [(parent, name, getattr(parent, name)) for parent, name, _ in plan]
     for parent, name, module in plan:
+        module.train(getattr(parent, name).training)
         setattr(parent, name, module)
-    object.__setattr__(model, _ORIGINALS, (originals, model.config._attn_implementation,
-                                           model.__dict__.get("_loss_function")))
+    config = model.config
+    hook = model.register_forward_pre_hook(_refuse_unsupported_outputs, with_kwargs=True)
+    object.__setattr__(model, _ORIGINALS, (originals, config, hook, model.__dict__.get("_loss_function")))
+    model.config = model.model.config = copy.deepcopy(config)
     model.config._attn_implementation = NAME
     model.loss_function = causal_lm_loss
     return model
 
 
 def unpatch(model):
-    """Undo patch: the original modules, attention implementation and loss; returns the model."""
+    """Undo patch: the original modules, config object and loss; returns the model."""
     if not hasattr(model, _ORIGINALS):
         raise ValueError("this model is not patched by bitparity.patch")
-    originals, attn, loss = getattr(model, _ORIGINALS)
+    originals, config, hook, loss = getattr(model, _ORIGINALS)
     for parent, name, module in originals:
         setattr(parent, name, module)
-    model.config._attn_implementation = attn
+    model.config = model.model.config = config
+    hook.remove()
     if loss is None:
         del model._loss_function
     else:
