@@ -17,6 +17,7 @@ from .backends import NAMES, availability
 from .compare import bench, cli_common, diff, golden, probe, report, schema
 from .compare import plots as plotting    # draws nothing, and needs no matplotlib, until asked
 from .compare.run import OPS, compare
+from .models.hf_policy import MODELS           # rl-check --model's names; transformers is imported only when used
 from .spec import SPEC_VERSION
 
 
@@ -317,14 +318,24 @@ def _rl_check(args):
                                  f"{args.world_size}")
     if args.world_size > 1 and args.native:
         return _fail("rl-check", "--native compares one process's weights: use it without --world-size")
+    args.hf_model = None
+    if args.model is not None or args.config is not None:
+        args.hf_model, why = _hf_model(args)
+        if why:
+            return _fail("rl-check", why)
     if args.steps > 1 or args.world_size > 1:
         return _rl_train(args)
-    doc, _ = check.check(args.backend, args.seed, native=args.native, correction=args.rollout_correction)
+    doc, _ = check.check(args.backend, args.seed, native=args.native, correction=args.rollout_correction,
+                         model=args.hf_model)
     doc["spec_version"] = SPEC_VERSION
     c = doc["config"]
+    if args.hf_model is None:
+        about = (f"TinyMoEPolicy: vocab {c['vocab']}, hidden {c['hidden']}, {c['layers']} layers, {c['heads']} heads "
+                 f"x {c['head_dim']}, {c['experts']} experts top-{c['top_k']}")
+    else:
+        about = _hf_about(args.hf_model)
     print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}\n"
-          f"TinyMoEPolicy: vocab {c['vocab']}, hidden {c['hidden']}, {c['layers']} layers, {c['heads']} heads x "
-          f"{c['head_dim']}, {c['experts']} experts top-{c['top_k']}\n"
+          f"{about}\n"
           f"rollout: {doc['requests']} requests over {doc['steps']} steps, max batch {doc['max_batch']}, decode batch "
           f"sizes {doc['decode_batch_sizes']}; trainer: reversed order, {doc['trainer_layout']['pad_extra']} extra "
           f"padding columns, micro-batches of {doc['trainer_layout']['micro_batch']}\n")
@@ -360,7 +371,7 @@ def _rl_train(args):
         return _fail("rl-check", "--rollout-correction reports one step: use it without --steps")
     try:
         doc = check.train_check(args.backend, args.seed, args.steps, args.micro_batch, native=args.native,
-                                world_size=args.world_size)
+                                world_size=args.world_size, config=args.hf_model)
     except RuntimeError as error:                # a rank failed or timed out: its message, no traceback
         print(f"bitparity rl-check: {error}", file=sys.stderr)
         return 1
@@ -368,7 +379,7 @@ def _rl_train(args):
     u = doc["update"]
     ranks = f", data-parallel on {args.world_size} gloo ranks (127.0.0.1)" if args.world_size > 1 else ""
     print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}, {args.steps} steps"
-          f"{ranks}\n"
+          f"{ranks}\n" + ("" if args.hf_model is None else _hf_about(args.hf_model) + "\n") +
           f"update: AdamW lr {u['lr']}, betas {tuple(u['betas'])}, eps {u['eps']}, weight decay {u['weight_decay']}; "
           f"clip {u['max_grad_norm']}; micro-batches of {u['micro_batch']} sequences (spec 29.13)")
     for row in doc["per_step"]:
@@ -391,8 +402,8 @@ def _rl_train(args):
 
 
 def _add_rl_check_parser(sub):
-    p = sub.add_parser("rl-check", help="one RL step on TinyMoEPolicy: rollout vs trainer log-probs and values, "
-                                        "bit for bit")
+    p = sub.add_parser("rl-check", help="one RL step on TinyMoEPolicy (or, with --model/--config, a patched HF "
+                                        "model): rollout vs trainer log-probs and values, bit for bit")
     p.add_argument("--backend", choices=NAMES, default="cpu", help="backend for the model and the RL ops "
                    "(default: cpu); exit status 1 if a canonical backend shows any mismatch between rollout and "
                    "trainer, or a digest other than spec §25.6's")
@@ -406,11 +417,49 @@ def _add_rl_check_parser(sub):
                    "processes on 127.0.0.1 (1, 2, 4 or 8; spec 28.1): the same weights digest as one process")
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch of the update, a power of "
                    "two (default 4); the weights do not depend on it")
+    p.add_argument("--model", choices=MODELS, help="run the step on an unmodified Hugging Face model patched onto "
+                   "bitparity ops (bitparity.patch) instead of TinyMoEPolicy: tiny (TinyMoEPolicy's architecture and "
+                   "weights as a Qwen3MoeForCausalLM: spec §25.6's digest), qwen3_moe (GQA, a dense first layer, "
+                   "norm_topk_prob off), qwen3 (dense, GQA) or llama (MQA); small built-in configs, weights from the "
+                   "seed (bitparity.models.hf_policy); needs transformers")
+    p.add_argument("--config", metavar="FILE", help="an HF config.json (model_type qwen3_moe, qwen3 or llama) to "
+                   "build the HF model from instead of a built-in config; nothing is downloaded; its vocab_size must "
+                   "hold the requests' token ids (< 4096)")
     p.add_argument("--json", metavar="FILE", help="write the report to FILE as JSON")
     p.add_argument("--rollout-correction", metavar="LEVEL,MODE,THRESHOLD[,LOW]", type=_correction,
                    help="also report the mismatch metrics and the fraction of tokens this rollout correction "
                         "(bitparity.rollout_correction) would drop, e.g. token,mask,2,0.5 (IcePop)")
     p.set_defaults(func=_rl_check)
+
+
+def _hf_model(args):
+    """(HFModel, None) for --model/--config, or (None, why not): an unreadable or unsupported config, a
+    vocabulary or position count that does not hold the requests, a model bitparity.patch refuses."""
+    try:
+        from .models import hf_policy
+        from .rl.rollout import default_requests
+        if args.config is not None:
+            model = hf_policy.from_file(args.config)
+            if args.model is not None and args.model != model.model_type:
+                return None, (f"--model {args.model} does not match --config's model_type {model.model_type} "
+                              f"(give --config alone)")
+        else:
+            model = hf_policy.builtin(args.model)
+        training = args.steps > 1 or args.world_size > 1
+        hf_policy.check_fits(model, [default_requests(args.seed + s, vocab=model.vocab) for s in range(args.steps)],
+                             training)
+        hf_policy.check_patchable(model, args.backend)
+    except ImportError as error:
+        return None, f"--model and --config need transformers (pip install transformers): {error}"
+    except (ValueError, TypeError) as error:
+        return None, str(error).replace("\n", " ")
+    return model, None
+
+
+def _hf_about(model):
+    from .models import hf_policy
+    name = f"--config {model.source}" if model.source else f"model {model.name}"
+    return f"{name}: {hf_policy.summary_line(model)}"
 
 
 def _correction(text):

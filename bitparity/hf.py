@@ -183,8 +183,8 @@ def _plan(mask, batch, tq, tk, device):
         causal = torch.arange(tk, device=device)[None, :] <= torch.arange(tq, device=device)[:, None] + (tk - tq)
         mask = causal.expand(batch, 1, tq, tk)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
-        raise TypeError("bitparity attention takes a boolean [B, 1, Tq, Tk] mask (True = attend) or HF's 2D "
-                        f"padding mask; got {getattr(mask, 'dtype', type(mask).__name__)}")
+        raise TypeError("bitparity attention takes the mask plan of the \"bitparity\" mask interface or a boolean "
+                        f"[B, 1, Tq, Tk] mask (True = attend); got {getattr(mask, 'dtype', type(mask).__name__)}")
     return MaskPlan.from_mask(mask.expand(batch, 1, tq, tk)[:, 0])
 
 

@@ -1,12 +1,18 @@
 """What `bitparity rl-check` measures: one RL step on a backend, the rollout-vs-trainer agreement of log-probs
 and values, and for torch's native ops the same measured over several rollout batch caps and trainer
-micro-batch sizes."""
+micro-batch sizes.
+
+The model is TinyMoEPolicy (spec §25), or with an `HFModel` (bitparity.models.hf_policy) an unmodified Hugging
+Face causal LM patched onto bitparity ops (`rl-check --model NAME` / `--config FILE`): everything else is the
+same code."""
 
 from dataclasses import asdict
 
 from .. import metrics
 from ..compare.metrics import canonical_bits
 from ..models import ModelConfig, TinyMoEPolicy
+from ..models.hf_policy import HFModel, describe
+from ..models.hf_policy import policies as hf_policies
 from .rollout import default_requests, rollout
 from .train import UpdateSettings, train, weights_digest
 from .trainer import RLSettings, TrainerLayout, digest, rl_step
@@ -26,8 +32,22 @@ def agreement(a, b, mask):
 
 
 def models(backend, seed, config=None):
-    """(policy, reference): the policy from `seed`, the KL reference from seed + 1."""
+    """(policy, reference): the policy from `seed`, the KL reference from seed + 1. `config`: a TinyMoEPolicy
+    ModelConfig (None: spec §25.1's), or an HFModel (a patched HF causal LM, bitparity.models.hf_policy)."""
+    if isinstance(config, HFModel):
+        return hf_policies(config, backend, seed)
     return TinyMoEPolicy(config, seed, backend), TinyMoEPolicy(config, seed + 1, backend)
+
+
+def _publishes(config):
+    """Whether spec §25.6's step digest is this model's: TinyMoEPolicy's default config, or the HF `tiny` model,
+    which is the same model. (29.13's weights digest is not the HF model's: its parameters are HF's tensors in
+    HF's order, the experts' gate and up projections one tensor.)"""
+    return config is None or isinstance(config, HFModel) and config.name == "tiny"
+
+
+def _config_doc(config):
+    return describe(config) if isinstance(config, HFModel) else asdict(config)
 
 
 def run_step(policy, reference, requests, max_batch=MAX_BATCH, layout=TrainerLayout(), settings=RLSettings()):
@@ -69,18 +89,20 @@ def native_sweep(seed, requests, config=None):
     return rows
 
 
-def check(backend, seed, native=False, correction=None):
+def check(backend, seed, native=False, correction=None, model=None):
     """The rl-check document: the default step on `backend` (with spec §25.6's digest for the seed, where it
     publishes one), and with native=True the same step on the native backend and its sweep; with correction
-    (rollout_correction's keyword arguments) each step's mismatch metrics (spec 27.2).
+    (rollout_correction's keyword arguments) each step's mismatch metrics (spec 27.2). `model`: None for
+    TinyMoEPolicy (spec §25), or an HFModel (a patched HF model; §25.6's digest applies to `tiny` only).
     Returns (document, {backend name: (Rollout, StepResult)})."""
-    config = ModelConfig()
+    config = model or ModelConfig()
     requests = default_requests(seed, vocab=config.vocab)
     runs = {backend: run_step(*models(backend, seed, config), requests)}
-    doc = {"backend": backend, "seed": seed, "config": asdict(config), "max_batch": MAX_BATCH,
+    doc = {"backend": backend, "seed": seed, **({} if model is None else {"model": model.name}),
+           "config": _config_doc(config), "max_batch": MAX_BATCH,
            "trainer_layout": asdict(TrainerLayout()), "settings": asdict(RLSettings()),
            **summary(*runs[backend], correction)}
-    published = PUBLISHED_DIGESTS.get(seed)
+    published = PUBLISHED_DIGESTS.get(seed) if _publishes(model) else None
     doc["published_digest"] = published
     doc["matches_published"] = None if published is None else doc["digest"] == published
     if native:
@@ -100,7 +122,8 @@ def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, 
     norm, then the weights digest (spec 29.13); with native=True torch's own training for the same steps and
     how far its weights drift from the canonical run's. Step s samples default_requests(seed + s). With
     world_size > 1 the updates run data-parallel on that many gloo ranks on 127.0.0.1 (spec 28.1). `config`
-    (default: spec 25.1's) changes the model, and then no digest is published."""
+    (default: spec 25.1's) changes the model: a ModelConfig, or an HFModel (a patched HF model, its parameters
+    in HF's named_parameters order, then the value head); then no digest is published."""
     published_config = config is None
     config = config or ModelConfig()
     update = UpdateSettings(micro_batch=micro_batch)
@@ -121,7 +144,8 @@ def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, 
     else:
         policy, rows = run(backend)
         digest_ = weights_digest(policy)
-    doc = {"backend": backend, "seed": seed, "steps": steps, "world_size": world_size, "config": asdict(config),
+    doc = {"backend": backend, "seed": seed, "steps": steps, "world_size": world_size,
+           **({"model": config.name} if isinstance(config, HFModel) else {}), "config": _config_doc(config),
            "max_batch": MAX_BATCH, "update": asdict(update), "settings": asdict(RLSettings()), "per_step": rows,
            "weights_digest": digest_}
     published = PUBLISHED_WEIGHTS_DIGESTS.get((seed, steps)) if published_config else None
