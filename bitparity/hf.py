@@ -225,7 +225,7 @@ def _alignments(plan):
 
 # -- The replacement modules: HF's parameters, bitparity's ops ---------------------------------------
 # Each computes in binary32 from exactly upcast inputs and rounds its output once to the activation dtype
-# (spec 30.2); for a float32 model the rounding is the identity.
+# (spec 30.1); for a float32 model the rounding is the identity.
 
 class Embedding(torch.nn.Module):
     """nn.Embedding -> bitparity.embedding (§29.8). The row at padding_idx gets a +0.0 gradient, as torch's."""
@@ -267,7 +267,7 @@ class Linear(torch.nn.Module):
 def _fused(x, linears, backend):
     """One bitparity.linear over the concatenated weights (and biases) of linears that read the same x, split
     back per linear: the same output bits as separate calls, and x's gradient is one §3 sum over all their
-    outputs (spec 29.9, 30.2). cat and split are exact both ways."""
+    outputs (spec 29.9, 30.5). cat and split are exact both ways."""
     weight = torch.cat([m.weight for m in linears])
     bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
     out = ops.linear(x, weight, bias, backend=backend).to(x.dtype)
