@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 import bitparity
@@ -14,6 +15,17 @@ settings.register_profile("ci", database=None, derandomize=True, deadline=None, 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 IMPLEMENTATIONS = ("cpu", "cuda", "ascend")      # compared bit for bit with the numpy backend
+# Without a GPU, the cuda backend runs in the Triton interpreter, about 10^4 times slower than the C backend.
+INTERPRETED = not torch.cuda.is_available()
+
+
+def backend_cases(cases, interpreter_runs):
+    """pytest params (backend, *case) for every implementation and case, except that the Triton interpreter runs
+    only the cases for which interpreter_runs(*case) holds (a GPU runs them all). The interpreter executes the
+    same kernel code at every size; what it skips is sizes it also runs in a narrower form, named where used."""
+    return [pytest.param(b, *case, id="-".join(map(str, (b, *case))))
+            for b in IMPLEMENTATIONS for case in cases
+            if not (b == "cuda" and INTERPRETED and not interpreter_runs(*case))]
 
 
 def _checked(name):

@@ -3,8 +3,8 @@ equal the rollout's bit for bit (logdiff exactly 0.0, PPO ratio exactly 1), for 
 schedules and trainer orders, paddings and micro-batches; and every canonical backend gives numpy's step.
 
 The default model runs on numpy, cpu and the Ascend emulation; the Triton interpreter (cuda) runs a small one
-with at most 3 new tokens per request, to keep each step within seconds (`bitparity rl-check --backend cuda`
-runs the default model: 44 s here). The cross-backend test runs the small model everywhere."""
+with at most 3 new tokens per request, in the cross-backend test, which runs the small model everywhere
+(`bitparity rl-check --backend cuda` runs the default model: 44 s here)."""
 
 import dataclasses
 
@@ -37,11 +37,13 @@ def _step(backend, config, seed, count, max_batch, layout):
     return done, rl_step(policy, reference, done, layout)
 
 
-@pytest.mark.parametrize("backend,case", [(b, c) for b in implementing("attention", RL_BACKENDS)
-                                          for c in CASES])
+# cuda is not among these: in the interpreter the three cases took 2 minutes of CI. Its whole step (rollout and
+# trainer log-probs, values, advantages, loss) is checked equal to numpy's below, and numpy's rollout equals its
+# trainer here; `bitparity rl-check --backend cuda` runs the full-size step.
+@pytest.mark.parametrize("backend,case", [(b, c) for b in implementing("attention", FULL_SIZE) for c in CASES])
 def test_rollout_and_trainer_agree_bit_for_bit(backend, case):
     seed, count, max_batch, layout = case
-    _, result = _step(backend, ModelConfig() if backend in FULL_SIZE else SMALL, seed, count, max_batch, layout)
+    _, result = _step(backend, ModelConfig(), seed, count, max_batch, layout)
     m = result.mask
     assert float((result.logp_train - result.logp_rollout)[m].abs().max()) == 0.0
     assert torch.equal(canonical_bits(result.logp_train)[m], canonical_bits(result.logp_rollout)[m])
