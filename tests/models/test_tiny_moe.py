@@ -26,7 +26,7 @@ def _same(a, b):
 def test_weights_are_the_philox_words_of_spec_25_2():
     model = TinyMoEPolicy(SMALL, seed=7)
     for number, (name, shape, bound_log2) in enumerate(weight_shapes(SMALL)):
-        w = model.weights[name]
+        w = model.weights[name].detach()
         assert tuple(w.shape) == shape
         for e in (0, 1, 3, 4, w.numel() - 1):                       # words 0..3 of a block, the next block, the last
             word = philox(np.array([e >> 2, 0, number, 1], dtype=np.uint32), np.array([7, 0], dtype=np.uint32))[e % 4]
