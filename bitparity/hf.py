@@ -9,9 +9,10 @@ cache, `from_pretrained` checkpoints and trainers keep working unchanged.
 
 Two of transformers' extension points carry the attention:
 - the attention-mask registry (`AttentionMaskInterface`, name "bitparity"): HF builds its boolean
-  causal-and-padding mask as usual, and our mask function turns it, once per forward, into a `MaskPlan`
-  (which key slots hold a sequence's tokens, in order, and where its queries sit), or refuses a mask that
-  is not a causal mask over padded sequences (sliding windows, packed sequences, bidirectional blocks);
+  causal-and-padding mask as usual (never skipped for a plain causal mask), and the attention turns it, once
+  per forward, into a `MaskPlan` (which key slots hold a sequence's tokens, in order, and where its queries
+  sit), or refuses a mask that is not a causal mask over padded sequences (sliding windows, packed
+  sequences, bidirectional blocks);
 - the attention registry (`AttentionInterface`, the same name): `attention` below, the canonical
   attention over the plan, which the replaced attention module calls as HF's modules call theirs.
 Module replacement does the rest, because the projections, the q/k norms and the rotary step sit in the
@@ -22,6 +23,7 @@ transformers is imported only when a model is patched: bitparity itself does not
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -95,15 +97,17 @@ def _front(flags):
     return torch.where(torch.arange(flags.shape[1], device=flags.device) < flags.sum(dim=1, keepdim=True), order, 0)
 
 
-def mask_plan(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-              device="cpu", **kwargs):
-    """transformers' mask interface (registered as "bitparity"): HF's boolean mask, made by its own
-    `sdpa_mask` from the causal function and the 2D padding mask, turned into a MaskPlan."""
+def causal_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                        attention_mask=None, device="cpu", **kwargs):
+    """transformers' mask interface (registered as "bitparity"): HF's own boolean mask [B, 1, Tq, Tk] (its
+    `sdpa_mask` of the causal function and the 2D padding mask), never skipped for a plain causal mask. A tensor,
+    so that HF's generate can also build it ahead of the forward (static caches) and pass it through; the
+    attention turns it into a MaskPlan once per forward (every layer gets this one tensor)."""
     from transformers.masking_utils import sdpa_mask
     allowed = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                         kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                         allow_is_causal_skip=False, device=device)
-    return MaskPlan.from_mask(allowed.expand(batch_size, 1, q_length, kv_length)[:, 0])
+    return allowed.expand(batch_size, 1, q_length, kv_length)
 
 
 # -- Exact data movement with a stated backward ------------------------------------------------------
@@ -151,7 +155,7 @@ class _RepeatHeads(torch.autograd.Function):
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
     """transformers' attention interface (registered as "bitparity"): query [B, H, Tq, D], key and value
-    [B, Hkv, Tk, D] (H a multiple of Hkv), attention_mask a MaskPlan or a boolean [B, 1, Tq, Tk] mask
+    [B, Hkv, Tk, D] (H a multiple of Hkv), attention_mask a boolean [B, 1, Tq, Tk] mask (or None: causal)
     -> ([B, Tq, H, D] in the query's dtype, None). §24.4's attention per sequence, over its own keys only
     (spec 30.3), so padding, its side and the KV cache's extra slots change no bit."""
     batch, heads, tq, d = query.shape
@@ -176,16 +180,23 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
+_LAST_PLAN = None      # (weakref to HF's mask tensor, its MaskPlan): the layers of one forward share the tensor
+
+
 def _plan(mask, batch, tq, tk, device):
-    if isinstance(mask, MaskPlan):
-        return mask
+    global _LAST_PLAN
     if mask is None:
         causal = torch.arange(tk, device=device)[None, :] <= torch.arange(tq, device=device)[:, None] + (tk - tq)
-        mask = causal.expand(batch, 1, tq, tk)
+        return MaskPlan.from_mask(causal.expand(batch, tq, tk))
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
-        raise TypeError("bitparity attention takes the mask plan of the \"bitparity\" mask interface or a boolean "
-                        f"[B, 1, Tq, Tk] mask (True = attend); got {getattr(mask, 'dtype', type(mask).__name__)}")
-    return MaskPlan.from_mask(mask.expand(batch, 1, tq, tk)[:, 0])
+        raise TypeError("bitparity attention takes a boolean [B, 1, Tq, Tk] mask (True = attend), as the "
+                        f"\"bitparity\" mask interface makes; got {getattr(mask, 'dtype', type(mask).__name__)}")
+    last = _LAST_PLAN
+    if last is not None and last[0]() is mask:
+        return last[1]
+    plan = MaskPlan.from_mask(mask.expand(batch, 1, tq, tk)[:, 0])
+    _LAST_PLAN = (weakref.ref(mask), plan)
+    return plan
 
 
 def _planned_attention(query, key, value, plan, backend):
@@ -504,7 +515,7 @@ def _register():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, mask_plan)
+    AttentionMaskInterface.register(NAME, causal_padding_mask)
 
 
 def _refuse_unsupported_outputs(module, args, kwargs):

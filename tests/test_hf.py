@@ -257,6 +257,20 @@ def test_a_request_generated_alone_gets_the_batchs_tokens_and_bits(zoo, kind):
         assert torch.equal(alone_tokens[0], tokens[b]) and _same(alone_logprobs[0], logprobs[b]), b
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_static_cache_gives_the_dynamic_caches_tokens_and_bits(zoo, kind):
+    """generate(cache_implementation="static"): HF builds the mask ahead of the forward over the cache's whole
+    capacity (slots not yet written masked), and passes it through; the same tokens and bits as the dynamic
+    cache."""
+    _, _, tokens, logprobs, _ = zoo.rollout(kind, "cpu", "sampled")
+    ids, mask = left_padded(PROMPTS)
+    sampler = Sampler(SEEDS, mask, **MODES["sampled"][0])
+    with bitparity.use_backend("cpu"), torch.no_grad():
+        zoo.patched(kind).generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                                   logits_processor=[sampler], pad_token_id=PAD, cache_implementation="static")
+    assert torch.equal(sampler.tokens, tokens) and _same(sampler.logprobs, logprobs)
+
+
 def _chunked_and_one_shot_logits(model, sequences, mask, cut=8):
     """Logits of the left-padded batch in one forward, and in two against HF's DynamicCache: the second chunk's
     queries are several per row with a different number of cached keys per row (6, 2 and 8 here)."""
