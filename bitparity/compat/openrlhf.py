@@ -1,11 +1,12 @@
 """OpenRLHF's KL estimators, advantage normalisation, GAE and PPO policy loss (OpenRLHF 0.11.0:
 openrlhf/models/utils.py, openrlhf/models/loss.py, openrlhf/trainer/ppo_utils/experience_maker.py), computed by
-bitparity's canonical ops. docs/conventions.md lists the differences (empty masks; positions outside the mask)."""
+bitparity's canonical ops; PolicyLoss takes the constructor and forward arguments of commit 3c3be6234e0c.
+docs/conventions.md lists the differences (empty masks; positions outside the mask; refused options)."""
 
 import torch
 
 from .. import ops
-from ._common import check_mask
+from ._common import check_mask, host_factor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -38,24 +39,75 @@ def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
     return ops.gae(rewards, values, check_mask("action_mask", action_mask), gamma, lambd, mask_mode="zero")
 
 
-class PolicyLoss(torch.nn.Module):
-    """OpenRLHF's PPO policy loss: the log-ratio clamped to +-20, clip [1 - clip_eps_low, 1 + clip_eps_high], an
-    optional dual clip (> 1) on negative advantages; the token mean (token_level_loss) or the mean over
-    non-empty sequences of each sequence's token mean. forward -> (loss, clip_ratio, ppo_kl, vllm_kl); the loss
-    is differentiable in log_probs, the other three are metrics and carry no gradient."""
+POLICY_LOSS_TYPES = ("ppo", "gspo")
+VLLM_IS_CORRECTION_TYPES = ("tis", "icepop", "seq-mask-tis")
 
-    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True):
+
+class PolicyLoss(torch.nn.Module):
+    """OpenRLHF 0.11's PPO policy loss (openrlhf/models/loss.py at 3c3be6234e0c), constructor and forward
+    arguments as OpenRLHF's trainer passes them. forward -> (loss, clip_ratio, ppo_kl, vllm_kl); the loss is
+    differentiable in log_probs, the other three are metrics and carry no gradient.
+
+    Per token: the log-ratio clamped to +-20, clip [1 - clip_eps_low, 1 + clip_eps_high], an optional dual clip
+    (> 1) on negative advantages (bitparity.ppo_policy_loss). Aggregation, with n the local count (counted
+    tokens for token_level_loss, non-empty sequences otherwise):
+      - token_level_loss, batch_num_tokens None: the token mean (dp_size unused, as in OpenRLHF);
+      - token_level_loss, batch_num_tokens N: OpenRLHF's sum(loss * mask) / N * dp_size, computed as
+        RN32(token_mean * RN32(dp_size * n / N)): the canonical token mean, times one host factor divided in
+        float64 and rounded once to float32, one float32 multiply;
+      - otherwise the mean over non-empty sequences of each sequence's token mean, or with global_batch_size G
+        RN32(that mean * RN32(dp_size * n / G)) (OpenRLHF: the sum of sequence means / G * dp_size).
+    The mode's unused count (global_batch_size in token mode, batch_num_tokens in sequence mode) does not enter
+    OpenRLHF's result either. clip_ratio and ppo_kl are local token means, unscaled, as OpenRLHF's.
+
+    Not expressible by the canonical ops, so refused rather than ignored: policy_loss_type="gspo" (a
+    sequence-level ratio) and enable_vllm_is_correction=True (per-token IS weights inside the loss; use
+    bitparity.rollout_correction, docs/conventions.md maps each vllm_is_correction_type). vllm_kl is the
+    masked mean of rollout_log_probs - old_log_probs whenever rollout_log_probs is given (OpenRLHF computes it
+    only with the IS correction on, else None); it is a metric and never enters the loss."""
+
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
+                 policy_loss_type="ppo", enable_vllm_is_correction=False, vllm_is_truncated_threshold=None,
+                 vllm_is_correction_type="tis"):
         super().__init__()
+        if policy_loss_type not in POLICY_LOSS_TYPES:
+            raise ValueError(f"policy_loss_type must be one of {', '.join(POLICY_LOSS_TYPES)}; "
+                             f"got {policy_loss_type!r}")
+        if vllm_is_correction_type not in VLLM_IS_CORRECTION_TYPES:
+            raise ValueError(f"vllm_is_correction_type must be one of {', '.join(VLLM_IS_CORRECTION_TYPES)}; "
+                             f"got {vllm_is_correction_type!r}")
+        if policy_loss_type == "gspo":
+            raise NotImplementedError("policy_loss_type='gspo' (GSPO's sequence-level ratio) has no canonical op "
+                                      "in bitparity; only policy_loss_type='ppo' is supported")
+        if enable_vllm_is_correction:
+            raise NotImplementedError(
+                f"enable_vllm_is_correction=True (vllm_is_correction_type={vllm_is_correction_type!r}, "
+                f"vllm_is_truncated_threshold={vllm_is_truncated_threshold!r}) weighs the per-token loss, which "
+                "bitparity.ppo_policy_loss does not take; compute the weights with bitparity.rollout_correction "
+                "(docs/conventions.md) and pass enable_vllm_is_correction=False")
         self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
         self.dual_clip, self.token_level_loss = dual_clip, token_level_loss
+        self.policy_loss_type = policy_loss_type
+        self.enable_vllm_is_correction = enable_vllm_is_correction
+        self.vllm_is_truncated_threshold = vllm_is_truncated_threshold
+        self.vllm_is_correction_type = vllm_is_correction_type
 
-    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None):
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, dp_size=1,
+                batch_num_tokens=None, global_batch_size=None):
+        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+            raise ValueError(f"dp_size must be an int >= 1; got {dp_size!r}")
         mask = (torch.ones(log_probs.shape, dtype=torch.bool, device=log_probs.device) if action_mask is None
                 else check_mask("action_mask", action_mask))
         loss, clip_ratio = ops.ppo_policy_loss(
             log_probs, old_log_probs.detach(), advantages.detach(), mask, clip_low=self.clip_eps_low,
             clip_high=self.clip_eps_high, dual_clip=self.dual_clip, ratio_clamp=20.0,
             agg="token-mean" if self.token_level_loss else "seq-mean-token-mean")
+        name, total = (("batch_num_tokens", batch_num_tokens) if self.token_level_loss
+                       else ("global_batch_size", global_batch_size))
+        if total is not None:
+            # The local mean's count n: OpenRLHF's sum / total * dp_size = mean * (dp_size * n / total).
+            n = int(mask.sum()) if self.token_level_loss else int(mask.any(dim=-1).sum())
+            loss = loss * host_factor(dp_size * n, float(total), name)
         with torch.no_grad():
             # k1 with d = log_probs - old: -d = old - log_probs, unclamped.
             ppo_kl = ops.masked_mean(ops.kl_penalty(old_log_probs, log_probs, "k1"), mask)
