@@ -316,8 +316,9 @@ def _rl_check(args):
     if args.world_size not in (1, 2, 4, 8):
         return _fail("rl-check", f"--world-size must be 1, 2, 4 or 8 (a power of two: spec 28.1's blocks); got "
                                  f"{args.world_size}")
-    if args.world_size > 1 and args.native:
-        return _fail("rl-check", "--native compares one process's weights: use it without --world-size")
+    if args.world_size > 1 and (args.native or args.backend == "native"):
+        return _fail("rl-check", "--native and --backend native compare one process's weights: use them without "
+                                 "--world-size")
     args.hf_model = None
     if args.model is not None or args.config is not None:
         args.hf_model, why = _hf_model(args)

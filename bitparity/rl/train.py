@@ -87,6 +87,9 @@ def ppo_update(policy, reference, done, optimizer, update=UpdateSettings(), sett
         done = shard(done, torch.distributed.get_rank(group), torch.distributed.get_world_size(group))
     params = [p for p in policy.parameters() if p.requires_grad]
     native = policy.backend == "native"
+    if native and group is not None:
+        raise ValueError("data-parallel updates fold gradients by spec 28.1 on a canonical backend; the native "
+                         "backend is torch's single-process baseline (use it without a process group)")
     reduce, over = (ops, {}) if group is None else (distributed, {"group": group})
     if done.requests:
         with torch.no_grad():

@@ -100,6 +100,7 @@ def test_a_mismatch_on_a_canonical_backend_exits_1(capsys, monkeypatch):
 @pytest.mark.parametrize("argv,words", [
     (["--seed", "-1"], ["--seed must be in [0, 2**31)", "-1"]),
     (["--json", "/nonexistent-folder/rl.json"], ["--json", "no folder"]),
+    (["--backend", "native", "--world-size", "2", "--steps", "2"], ["--backend native", "--world-size"]),
 ])
 def test_bad_input_exits_2(argv, words, capsys):
     assert cli.main(["rl-check", *argv]) == 2

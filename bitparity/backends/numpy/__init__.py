@@ -200,10 +200,12 @@ def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_
 
 # -- Training (spec 29) ---------------------------------------------------------------
 
+@_quiet
 def fold_rows(c, segments, positions, rows, n_segments):
     return _torch(canonical.fold_rows(_np(c), _np(segments), _np(positions), rows, n_segments))
 
 
+@_quiet
 def weight_grad(x, g, positions, rows):
     return _torch(canonical.weight_grad(_np(x), _np(g), _np(positions), rows))
 
