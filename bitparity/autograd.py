@@ -85,6 +85,13 @@ def _dense(g):
     return g.to(torch.float32).contiguous()
 
 
+def _refuse_double_backward(op):
+    """A backward under create_graph=True would compute with backend kernels outside the graph: refuse it."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"bitparity.{op}: double backward (create_graph=True) is not supported; "
+                           f"spec 26 defines first derivatives only")
+
+
 # -- Backward rules: (module, args, outputs, grads, needs) -> one gradient (or None) per argument -------------
 
 def _sum(module, args, outs, grads, needs):
@@ -166,8 +173,7 @@ def _linear(module, args, outs, grads, needs):
     g = _dense(grads[0])
     dx = module.linear(g, weight.t().contiguous(), None) if needs[0] else None
     dw = weight_grad(module, x, g) if needs[1] else None
-    ones = torch.ones(x.shape[0], 1, dtype=torch.float32, device=x.device)
-    db = weight_grad(module, ones, g)[:, 0] if bias is not None and needs[2] else None
+    db = row_fold(module, g) if bias is not None and needs[2] else None          # spec 29.2: the row fold of g
     return dx, dw, db
 
 
@@ -228,9 +234,7 @@ class _BackendNode(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"bitparity.{ctx.op}: double backward (create_graph=True) is not supported; "
-                               f"spec 26 defines first derivatives only")
+        _refuse_double_backward(ctx.op)
         saved = iter(ctx.saved_tensors)
         args = [next(saved) if t else c for t, c in zip(ctx.is_tensor, ctx.constants)]
         outs = list(saved)
@@ -257,27 +261,31 @@ def call(op, module, args):
 # -- Composite ops: the token embedding and moe (spec 29.7, 29.8) ---------------------
 
 class _Embedding(torch.autograd.Function):
-    """h = weight[tokens], an exact gather; dweight[v] = the row fold of the rows whose token is v (spec 29.8)."""
+    """h = weight[tokens], an exact gather (then exactly upcast); dweight[v] = the row fold of the rows whose token
+    is v (spec 29.8), rounded once to weight's dtype (as the upcast's own backward would)."""
 
     @staticmethod
     def forward(ctx, module, tokens, weight):
-        ctx.module, ctx.vocab = module, weight.shape[0]
+        ctx.module, ctx.vocab, ctx.dtype = module, weight.shape[0], weight.dtype
         ctx.save_for_backward(tokens)
-        return weight.detach()[tokens]
+        return weight.detach()[tokens].to(torch.float32)
 
     @staticmethod
     def backward(ctx, g):
+        _refuse_double_backward("embedding")
         (tokens,) = ctx.saved_tensors
         g = _dense(g)
         fold = _backend_function(ctx.module, "fold_rows")
-        return None, None, fold(g, tokens, _rows(tokens.shape[0], g.device), tokens.shape[0], ctx.vocab)
+        grad = fold(g, tokens, _rows(tokens.shape[0], g.device), tokens.shape[0], ctx.vocab)
+        return None, None, grad.to(ctx.dtype)
 
 
 def embedding(module, tokens, weight):
-    """tokens int64 [M] (checked by ops.py), weight f32 [V, D] -> [M, D], differentiable in weight."""
+    """tokens int64 [M] (checked by ops.py), weight float [V, D] dense (float32, bfloat16 or float16) -> float32
+    [M, D], differentiable in weight. The rows are gathered before the upcast: no float32 copy of the table."""
     if torch.is_grad_enabled() and weight.requires_grad and module.NAME != "native":
         return _Embedding.apply(module, tokens, weight)
-    return weight[tokens]
+    return weight[tokens].to(torch.float32)
 
 
 def _moe_routing(module, x, router, top_k, norm_topk_prob):
@@ -338,6 +346,7 @@ class _Moe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         """Spec 29.7, every step a backend op on the forward's recomputed bits or exact data movement."""
+        _refuse_double_backward("moe")
         m = ctx.module
         x, router, gate, up, down = ctx.saved_tensors
         g = _dense(g)

@@ -858,6 +858,5 @@ def embedding(tokens, weight, *, backend=None):
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= weight.shape[0]):
         raise ValueError(f"tokens must lie in [0, {weight.shape[0]}) (weight's rows); got "
                          f"{int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())}")
-    flat = _autograd.embedding(_resolve(backend, weight.device), _dense(tokens).reshape(-1),
-                               _dense(weight.to(torch.float32)))
+    flat = _autograd.embedding(_resolve(backend, weight.device), _dense(tokens).reshape(-1), _dense(weight))
     return flat.reshape(*tokens.shape, weight.shape[1])
