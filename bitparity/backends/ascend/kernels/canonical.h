@@ -314,6 +314,17 @@ __aicore__ inline void CanonicalLog(const LocalTensor<float>& y, const LocalTens
     AscendC::Select(y, bits, x, y, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
 }
 
+// Veltkamp's split a = hi + lo over n floats, exact: c = 4097 a; hi = c - (c - a); lo = a - hi (spec 7).
+// hi, lo and t (scratch) are distinct from a and from each other.
+__aicore__ inline void VeltkampSplit(const LocalTensor<float>& hi, const LocalTensor<float>& lo,
+                                     const LocalTensor<float>& a, const LocalTensor<float>& t, uint32_t n)
+{
+    AscendC::Muls(hi, a, FloatFromBits(SPLIT_BITS), n);
+    AscendC::Sub(t, hi, a, n);
+    AscendC::Sub(hi, hi, t, n);
+    AscendC::Sub(lo, a, hi, n);
+}
+
 // r = 1/s over n floats (spec 7) for s in [1, 2^31]: RECIP_NEWTON_STEPS Newton
 // steps r = r * (2 - s*r) from bits(r0) = RECIP_MAGIC - bits(s), then one
 // correction r + r*e with e = 1 - s*r computed exactly by Dekker's product.
@@ -339,15 +350,8 @@ __aicore__ inline void CanonicalReciprocal(const LocalTensor<float>& r, const Lo
         AscendC::Mul(r, r, t, n);
     }
     AscendC::Mul(p, s, r, n);
-    // Veltkamp split a = hi + lo: c = 4097 a; hi = c - (c - a); lo = a - hi
-    AscendC::Muls(sh, s, FloatFromBits(SPLIT_BITS), n);
-    AscendC::Sub(t, sh, s, n);
-    AscendC::Sub(sh, sh, t, n);
-    AscendC::Sub(sl, s, sh, n);
-    AscendC::Muls(rh, r, FloatFromBits(SPLIT_BITS), n);
-    AscendC::Sub(t, rh, r, n);
-    AscendC::Sub(rh, rh, t, n);
-    AscendC::Sub(rl, r, rh, n);
+    VeltkampSplit(sh, sl, s, t, n);
+    VeltkampSplit(rh, rl, r, t, n);
     // err = (((sh*rh - p) + sh*rl) + sl*rh) + sl*rl, which is s*r - p exactly
     AscendC::Mul(err, sh, rh, n);
     AscendC::Sub(err, err, p, n);
@@ -430,11 +434,7 @@ __aicore__ inline void CanonicalSqrt(const LocalTensor<float>& s, const LocalTen
     CanonicalRsqrt(r, safe, p, bits, n);
     AscendC::Mul(s, safe, r, n);
     AscendC::Mul(p, s, s, n);
-    // Veltkamp split s = sh + sl: c = 4097 s; sh = c - (c - s); sl = s - sh
-    AscendC::Muls(sh, s, FloatFromBits(SPLIT_BITS), n);
-    AscendC::Sub(t, sh, s, n);
-    AscendC::Sub(sh, sh, t, n);
-    AscendC::Sub(sl, s, sh, n);
+    VeltkampSplit(sh, sl, s, t, n);
     // t = err = ((sh*sh - p) + (sh*sl + sh*sl)) + sl*sl
     AscendC::Mul(t, sh, sh, n);
     AscendC::Sub(t, t, p, n);
