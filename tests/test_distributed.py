@@ -17,7 +17,9 @@ import torch
 import torch.distributed as dist
 
 import bitparity
+from bitparity import autograd as _autograd
 from bitparity import distributed
+from bitparity.backends import resolve as _resolve
 
 SPLITS = {1: [9], 2: [4, 5], 4: [3, 0, 4, 2]}     # rows per rank (one with none); 9 sequences of T = 300 > 1,024 lanes
 T = 300
@@ -74,6 +76,9 @@ def _worker(rank, world, port, results):
             distributed.masked_mean(wrong, mask[mine] if rank == 0 else torch.ones(wrong.shape, dtype=torch.bool))
         except ValueError as error:
             out["mismatch_error"] = str(error)
+        if world > 1:
+            out["faults"] = _faults(rank, world)
+            out["fold"] = _fold(rank, world)
         if world == 2:
             dist.barrier()
             if rank == 1:                                                 # a rank that dies
@@ -91,6 +96,94 @@ def _worker(rank, world, port, results):
             dist.destroy_process_group()
 
 
+def _outcome(call):
+    try:
+        call()
+    except (TypeError, ValueError) as error:
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+def _params(shapes, dtype=torch.float32, device="cpu", sparse=False):
+    params = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
+        p.grad = torch.ones(shape, dtype=dtype, device=device)
+        p.grad = p.grad.to_sparse() if sparse else p.grad
+        params.append(p)
+    return params
+
+
+# scenario: (rank 0 .. W-2's call, the last rank's call), each run on every rank before the next; each rank
+# records what it raised, and the group must still work afterwards (the positive control _fold runs last).
+def _fault_calls(x, mask, logp):
+    fold, mean = distributed.fold_gradients, distributed.masked_mean
+    return {
+        "shape": (lambda: fold(_params([[4]])), lambda: fold(_params([[3]]))),
+        "order": (lambda: fold(_params([[4], [3]])), lambda: fold(_params([[3], [4]]))),
+        "count": (lambda: fold(_params([[4], [3]])), lambda: fold(_params([[4]]))),
+        "empty": (lambda: fold(_params([[4]])), lambda: fold([])),
+        "dtype": (lambda: fold(_params([[4]])), lambda: fold(_params([[4]], torch.bfloat16))),
+        "meta_param": (lambda: fold(_params([[4]])), lambda: fold(_params([[4]], device="meta"))),
+        "sparse_grad": (lambda: fold(_params([[4]])), lambda: fold(_params([[4]], sparse=True))),
+        "meta_x": (lambda: mean(x, mask), lambda: mean(x.to("meta"), mask)),
+        "sparse_x": (lambda: mean(x, mask), lambda: mean(x.to_sparse(), mask)),
+        "mask_not_tensor": (lambda: mean(x, mask), lambda: mean(x, mask.tolist())),
+        "whiten_dtype": (lambda: distributed.masked_whiten(x, mask),
+                         lambda: distributed.masked_whiten(x.to(torch.bfloat16), mask)),
+        "option": (lambda: distributed.ppo_policy_loss(logp, logp, x, mask, clip_low=0.2),
+                   lambda: distributed.ppo_policy_loss(logp, logp, x, mask, clip_low=0.3)),
+    }
+
+
+FAULTS = {   # scenario: (exception, fragments; {last} is the last rank)
+    "shape": ("ValueError", ["params[0]'s dtype, shape and device type must be the same on every rank",
+                             "rank 0 has ('torch.float32', (4,), 'cpu'), rank {last} has ('torch.float32', (3,)"]),
+    "order": ("ValueError", ["params[0]'s dtype, shape and device type", "rank {last} has ('torch.float32', (3,)"]),
+    "count": ("ValueError", ["the number of parameters in params must be the same on every rank; rank 0 has 2, "
+                             "rank {last} has 1"]),
+    "empty": ("ValueError", ["the number of parameters in params", "rank 0 has 1, rank {last} has 0"]),
+    "dtype": ("ValueError", ["params[0]'s dtype", "rank {last} has ('torch.bfloat16'"]),
+    "meta_param": ("ValueError", ["params[0] on rank {last} must hold data; got a tensor on the meta device"]),
+    "sparse_grad": ("TypeError", ["params[0].grad on rank {last} must be a dense (strided) tensor; got layout "
+                                  "torch.sparse_coo"]),
+    "meta_x": ("ValueError", ["masked_mean: x on rank {last} must hold data"]),
+    "sparse_x": ("TypeError", ["masked_mean: x on rank {last} must be a dense (strided) tensor"]),
+    "mask_not_tensor": ("TypeError", ["masked_mean: mask on rank {last} must be a torch.Tensor; got list"]),
+    "whiten_dtype": ("ValueError", ["masked_whiten: x's dtype, trailing shape and device type must be the same",
+                                    "rank {last} has ('torch.bfloat16'"]),
+    "option": ("ValueError", ["ppo_policy_loss: clip_low must be the same on every rank; rank 0 has 0.2, "
+                              "rank {last} has 0.3"]),
+}
+
+
+def _faults(rank, world):
+    """{scenario: (exception name, message)} of this rank, the last rank passing what the others do not."""
+    x, mask, logp, _ = _global_batch()
+    calls = _fault_calls(x[:2], mask[:2], logp[:2])
+    return {name: _outcome(pair[rank == world - 1]) for name, pair in calls.items()}
+
+
+def _rank_gradients(rank, shapes):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(shape, generator=g) * 10 ** (rank - 1) for shape in shapes]
+
+
+FOLD_SHAPES = ([5, 3], [7], [1])
+
+
+def _fold(rank, world):
+    """The positive control after the faults: fold_gradients still runs, the last parameter without a gradient
+    on rank 0 (it counts as -0.0 there)."""
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in FOLD_SHAPES]
+    for p, grad in zip(params, _rank_gradients(rank, FOLD_SHAPES)):
+        p.grad = grad
+    if rank == 0:
+        params[-1].grad = None
+    distributed.fold_gradients(params, backend="cpu")
+    return [_bits(p.grad) for p in params]
+
+
 @functools.lru_cache(maxsize=None)
 def _run(world):
     ctx = multiprocessing.get_context("spawn")
@@ -98,13 +191,19 @@ def _run(world):
     procs = [ctx.Process(target=_worker, args=(rank, world, port, results), daemon=True) for rank in range(world)]
     for p in procs:
         p.start()
-    got = {}
+    got, waited = {}, 0
     try:
         while len(got) < world:
-            rank, out = results.get(timeout=JOIN_S)
-            got[rank] = out
-    except queue.Empty:
-        pytest.fail(f"world {world}: only ranks {sorted(got)} reported within {JOIN_S} s")
+            try:
+                rank, out = results.get(timeout=1)
+                got[rank] = out
+            except queue.Empty:
+                waited += 1
+                # A rank that died without reporting (a SIGABRT in gloo) fails the test now, not at JOIN_S.
+                dead = [r for r, p in enumerate(procs) if r not in got and p.exitcode not in (None, 0)]
+                if dead or waited >= JOIN_S:
+                    pytest.fail(f"world {world}: only ranks {sorted(got)} reported within {waited} s; "
+                                f"exit codes {[p.exitcode for p in procs]}")
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -156,7 +255,37 @@ def test_torch_all_reduce_is_not_world_size_invariant():
 @pytest.mark.parametrize("size", [2, 4])
 def test_mismatched_shapes_raise_on_every_rank(size):
     for rank, out in _run(size).items():
-        assert "x must have the same dtype and trailing shape on every rank" in out["mismatch_error"], (rank, out)
+        assert "x's dtype, trailing shape and device type must be the same on every rank" in out["mismatch_error"], \
+            (rank, out)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("scenario", sorted(FAULTS))
+def test_bad_arguments_raise_the_same_error_on_every_rank(size, scenario):
+    """Mismatched parameter lists (shape, order, count, dtype, none), meta and sparse tensors, a non-tensor and
+    a differing option on the last rank only: every rank raises the same named error, none aborts or hangs."""
+    kind, fragments = FAULTS[scenario]
+    outcomes = {rank: out["faults"][scenario] for rank, out in _run(size).items()}
+    assert len(outcomes) == size and len(set(outcomes.values())) == 1, outcomes
+    name, message = outcomes[0]
+    assert name == kind, message
+    for fragment in fragments:
+        assert fragment.format(last=size - 1) in message, message
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_fold_gradients_is_the_row_fold_of_the_ranks_after_the_faults(size):
+    rows = [_rank_gradients(rank, FOLD_SHAPES) for rank in range(size)]
+    rows[0][-1] = torch.full(FOLD_SHAPES[-1], -0.0)                  # rank 0 has no gradient there
+    want = [_bits(_autograd.row_fold(_resolve("cpu", torch.device("cpu")),
+                                     torch.stack([r[i].reshape(-1) for r in rows])).reshape(FOLD_SHAPES[i]))
+            for i in range(len(FOLD_SHAPES))]
+    naive = [_bits(sum(r[i] for r in rows)) for i in range(len(FOLD_SHAPES))]  # torch's left-to-right adds
+    for rank, out in _run(size).items():
+        for i, bits in enumerate(want):
+            np.testing.assert_array_equal(out["fold"][i], bits, err_msg=f"params[{i}] rank {rank}")
+    if size == 4:                                                     # the control: the order shows in the bits
+        assert any(not np.array_equal(w, n) for w, n in zip(want, naive))
 
 
 def test_dead_rank_fails_the_others_clearly():
