@@ -1,12 +1,14 @@
 """OpenRLHF's KL estimators, advantage normalisation, GAE and PPO policy loss (OpenRLHF 0.11.0:
 openrlhf/models/utils.py, openrlhf/models/loss.py, openrlhf/trainer/ppo_utils/experience_maker.py), computed by
 bitparity's canonical ops; PolicyLoss takes the constructor and forward arguments of commit 3c3be6234e0c.
-docs/conventions.md lists the differences (empty masks; positions outside the mask; refused options)."""
+docs/conventions.md lists the differences (empty masks; positions outside the mask; refused options). Masks may be
+bool or 0/1 tensors (any other value is refused); errors name OpenRLHF's arguments."""
 
+import numpy as np
 import torch
 
 from .. import ops
-from ._common import check_mask, host_factor
+from ._common import caller_names, check_mask, dp_size_checked, host_factor, positive, tensor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -16,27 +18,32 @@ def compute_approx_kl(log_probs, log_probs_base, kl_estimator="k1"):
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {kl_estimator!r}")
     # bitparity's d is log_probs_base - log_probs: its k1 = -d, k2 and k3 are OpenRLHF's, bit for bit.
-    return ops.kl_penalty(log_probs, log_probs_base, kl_estimator, clamp=10.0)
+    with caller_names(logp="log_probs", ref_logp="log_probs_base"):
+        return ops.kl_penalty(log_probs, log_probs_base, kl_estimator, clamp=10.0)
 
 
 def masked_mean(tensor, mask, dim=None):
     """sum(tensor * mask) / mask.sum() (0 for an empty mask, where OpenRLHF gives NaN); mask None: the plain mean."""
-    if mask is None:
-        mask = torch.ones(tensor.shape, dtype=torch.bool, device=tensor.device)
-    return ops.masked_mean(tensor, check_mask("mask", mask), dim)
+    with caller_names(x="tensor"):
+        ops._check_float_tensor("tensor", tensor, 1)
+        mask = (torch.ones(tensor.shape, dtype=torch.bool, device=tensor.device) if mask is None
+                else check_mask("mask", mask))
+        return ops.masked_mean(tensor, mask, dim)
 
 
 def normalize_advantages(advantages, action_mask):
     """The experience maker's normalisation: (A - mean) * rsqrt(max(var, 1e-8)) over every counted token of
     the batch, biased variance."""
-    return ops.masked_whiten(advantages, check_mask("action_mask", action_mask), unbiased=False, eps=1e-8,
-                             eps_mode="clamp")
+    with caller_names(x="advantages", mask="action_mask"):
+        return ops.masked_whiten(advantages, check_mask("action_mask", action_mask), unbiased=False, eps=1e-8,
+                                 eps_mode="clamp")
 
 
 def get_advantages_and_returns(values, rewards, action_mask, gamma, lambd):
     """(advantages, returns): values and rewards times action_mask, the unmasked reverse GAE loop,
     returns = advantages + masked values."""
-    return ops.gae(rewards, values, check_mask("action_mask", action_mask), gamma, lambd, mask_mode="zero")
+    with caller_names(mask="action_mask", x="rewards", lam="lambd"):
+        return ops.gae(rewards, values, check_mask("action_mask", action_mask), gamma, lambd, mask_mode="zero")
 
 
 POLICY_LOSS_TYPES = ("ppo", "gspo")
@@ -76,6 +83,14 @@ class PolicyLoss(torch.nn.Module):
         if vllm_is_correction_type not in VLLM_IS_CORRECTION_TYPES:
             raise ValueError(f"vllm_is_correction_type must be one of {', '.join(VLLM_IS_CORRECTION_TYPES)}; "
                              f"got {vllm_is_correction_type!r}")
+        # The constructor's values are checked here, under OpenRLHF's names, with ppo_policy_loss's rules (spec 17.1).
+        if np.float32(ops._real("clip_eps_low", clip_eps_low, low=0.0, high=1.0)) >= 1.0:
+            raise ValueError(f"clip_eps_low must be in [0, 1) after rounding to float32 (the ratio floor "
+                             f"1 - clip_eps_low must stay > 0); got {clip_eps_low}")
+        ops._real("clip_eps_high", clip_eps_high, low=0.0)
+        ops._real("dual_clip", dual_clip, low=1.0, low_open=True, allow_none=True)
+        if not isinstance(token_level_loss, bool):
+            raise TypeError(f"token_level_loss must be a bool; got {type(token_level_loss).__name__}")
         if policy_loss_type == "gspo":
             raise NotImplementedError("policy_loss_type='gspo' (GSPO's sequence-level ratio) has no canonical op "
                                       "in bitparity; only policy_loss_type='ppo' is supported")
@@ -94,20 +109,28 @@ class PolicyLoss(torch.nn.Module):
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, dp_size=1,
                 batch_num_tokens=None, global_batch_size=None):
-        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
-            raise ValueError(f"dp_size must be an int >= 1; got {dp_size!r}")
-        mask = (torch.ones(log_probs.shape, dtype=torch.bool, device=log_probs.device) if action_mask is None
-                else check_mask("action_mask", action_mask))
-        loss, clip_ratio = ops.ppo_policy_loss(
-            log_probs, old_log_probs.detach(), advantages.detach(), mask, clip_low=self.clip_eps_low,
-            clip_high=self.clip_eps_high, dual_clip=self.dual_clip, ratio_clamp=20.0,
-            agg="token-mean" if self.token_level_loss else "seq-mean-token-mean")
+        dp_size = dp_size_checked(dp_size)
+        for name, value in (("batch_num_tokens", batch_num_tokens), ("global_batch_size", global_batch_size)):
+            if value is not None:                              # checked even where the mode does not use it
+                positive(name, value)
+        names = {"logp": "log_probs", "old_logp": "old_log_probs", "mask": "action_mask", "x": "log_probs",
+                 "clip_low": "clip_eps_low", "clip_high": "clip_eps_high"}
+        with caller_names(**names):
+            ops._check_float_tensor("logp", log_probs, 2)
+            mask = (torch.ones(log_probs.shape, dtype=torch.bool, device=log_probs.device) if action_mask is None
+                    else check_mask("action_mask", action_mask))
+            if rollout_log_probs is not None:                  # checked before the loss, though only vllm_kl uses it
+                ops._check_same_shape("rollout_log_probs", rollout_log_probs, "logp", log_probs)
+            loss, clip_ratio = ops.ppo_policy_loss(
+                log_probs, tensor("old_log_probs", old_log_probs).detach(), tensor("advantages", advantages).detach(),
+                mask, clip_low=self.clip_eps_low, clip_high=self.clip_eps_high, dual_clip=self.dual_clip,
+                ratio_clamp=20.0, agg="token-mean" if self.token_level_loss else "seq-mean-token-mean")
         name, total = (("batch_num_tokens", batch_num_tokens) if self.token_level_loss
                        else ("global_batch_size", global_batch_size))
         if total is not None:
             # The local mean's count n: OpenRLHF's sum / total * dp_size = mean * (dp_size * n / total).
             n = int(mask.sum()) if self.token_level_loss else int(mask.any(dim=-1).sum())
-            loss = loss * host_factor(dp_size * n, float(total), name)
+            loss = loss * host_factor(dp_size * n, total, name)
         with torch.no_grad():
             # k1 with d = log_probs - old: -d = old - log_probs, unclamped.
             ppo_kl = ops.masked_mean(ops.kl_penalty(old_log_probs, log_probs, "k1"), mask)

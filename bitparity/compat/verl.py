@@ -1,12 +1,13 @@
 """verl's advantage, loss and KL functions (verl 0.10.0.dev, verl/trainer/ppo/core_algos.py and
 verl/utils/torch_functional.py), computed by bitparity's canonical ops. Masks may be bool or 0/1 tensors,
-as verl passes them. docs/conventions.md lists the differences (empty masks; positions outside the mask).
+as verl passes them (any other value is refused). Errors name verl's arguments. docs/conventions.md lists the
+differences (empty masks; positions outside the mask).
 """
 
 import torch
 
 from .. import ops
-from ._common import check_mask, clip_bounds, host_factor
+from ._common import caller_names, check_mask, clip_bounds, dp_size_checked, host_factor, positive, tensor
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_NAMES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
@@ -16,23 +17,27 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
     """(advantages, returns): verl's masked GAE (masked positions carry the next value and advantage), returns
     from the raw advantages, then the advantages whitened over response_mask (unbiased variance, eps 1e-8)."""
     mask = check_mask("response_mask", response_mask)
-    advantages, returns = ops.gae(token_level_rewards, values, mask, gamma, lam, mask_mode="carry")
+    with caller_names(rewards="token_level_rewards", mask="response_mask", x="token_level_rewards"):
+        advantages, returns = ops.gae(token_level_rewards, values, mask, gamma, lam, mask_mode="carry")
     return ops.masked_whiten(advantages, mask), returns
 
 
 def masked_mean(values, mask, axis=None):
     """sum(values * mask) / (mask.sum() + 1e-8), over everything or along axis; 0 for an empty mask."""
-    return ops.masked_mean(values, check_mask("mask", mask), axis)
+    with caller_names(x="values", dim="axis"):
+        return ops.masked_mean(values, check_mask("mask", mask), axis)
 
 
 def masked_whiten(values, mask, shift_mean=True):
     """(values - mean) * rsqrt(unbiased var + 1e-8) over mask."""
-    return ops.masked_whiten(values, check_mask("mask", mask), shift_mean=shift_mean)
+    with caller_names(x="values"):
+        return ops.masked_whiten(values, check_mask("mask", mask), shift_mean=shift_mean)
 
 
 def logprobs_from_logits(logits, labels, inplace_backward=True):  # noqa: ARG001 - verl's signature
     """log_softmax(logits) at labels."""
-    return ops.token_logprobs(logits, labels)
+    with caller_names(tokens="labels"):
+        return ops.token_logprobs(logits, labels)
 
 
 def entropy_from_logits(logits):
@@ -46,7 +51,16 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=Non
     global_batch_size when given); token modes divide by batch_num_tokens when given; dp_size multiplies."""
     if loss_agg_mode not in AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {', '.join(AGG_MODES)}; got {loss_agg_mode!r}")
+    dp_size = dp_size_checked(dp_size)
+    for name, value in (("batch_num_tokens", batch_num_tokens), ("global_batch_size", global_batch_size),
+                        ("loss_scale_factor", loss_scale_factor)):
+        if value is not None:                                  # checked even where the mode does not use it
+            positive(name, value)
+    tensor("loss_mat", loss_mat)
     mask = check_mask("loss_mask", loss_mask)
+    with caller_names(x="loss_mat", mask="loss_mask"):
+        ops._check_float_tensor("loss_mat", loss_mat, 1)
+        ops._check_mask(mask, loss_mat)
     if loss_agg_mode.startswith("token-"):
         if loss_agg_mode == "token-mean" and batch_num_tokens is None:
             _local_only(dp_size, "batch_num_tokens")
@@ -85,7 +99,8 @@ def kl_penalty(logprob, ref_logprob, kl_penalty):  # noqa: A002 - verl's argumen
                                   f"got {name!r}")
     kind = KL_NAMES[base]
     clamps = {"log_ratio_clamp": 20.0, "clamp": 10.0} if kind == "k3" else {}
-    value = ops.kl_penalty(logprob, ref_logprob, kind, **clamps)
+    with caller_names(logp="logprob", ref_logp="ref_logprob"):
+        value = ops.kl_penalty(logprob, ref_logprob, kind, **clamps)
     if not straight_through or kind == "k2":
         return value
     k2 = ops.kl_penalty(logprob, ref_logprob, "k2")
@@ -99,13 +114,19 @@ def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, clipr
     clip_ratio_c on negative advantages, aggregated by agg_loss's mode (local counts). pg_loss is differentiable
     in log_prob; the other three are metrics and carry no gradient."""
     mask = check_mask("response_mask", response_mask)
-    low = next(c for c in (cliprange_low, cliprange, 0.2) if c is not None)
-    high = next(c for c in (cliprange_high, cliprange, 0.2) if c is not None)
+    # Each bound's name is the argument it came from (cliprange_low, else cliprange, else the default).
+    low_name, low = next((n, c) for n, c in (("cliprange_low", cliprange_low), ("cliprange", cliprange),
+                                             ("cliprange_low", 0.2)) if c is not None)
+    high_name, high = next((n, c) for n, c in (("cliprange_high", cliprange_high), ("cliprange", cliprange),
+                                               ("cliprange_high", 0.2)) if c is not None)
     if loss_agg_mode == "token-sum":
         raise ValueError("loss_agg_mode 'token-sum' needs agg_loss; compute_policy_loss takes the averaging modes")
-    pg_loss, pg_clipfrac = ops.ppo_policy_loss(log_prob, old_log_prob.detach(), advantages.detach(), mask,
-                                               clip_low=low, clip_high=high, dual_clip=clip_ratio_c,
-                                               ratio_clamp=20.0, agg=loss_agg_mode)
+    with caller_names(logp="log_prob", old_logp="old_log_prob", mask="response_mask", x="log_prob", clip_low=low_name,
+                      clip_high=high_name, dual_clip="clip_ratio_c", agg="loss_agg_mode"):
+        pg_loss, pg_clipfrac = ops.ppo_policy_loss(log_prob, tensor("old_log_prob", old_log_prob).detach(),
+                                                   tensor("advantages", advantages).detach(), mask,
+                                                   clip_low=low, clip_high=high, dual_clip=clip_ratio_c,
+                                                   ratio_clamp=20.0, agg=loss_agg_mode)
     with torch.no_grad():
         # -clamp(log_prob - old, +-20): k1 of d = log_prob - old_log_prob, clamped, is old - log_prob.
         neg_log_ratio = ops.kl_penalty(old_log_prob, log_prob, "k1", log_ratio_clamp=20.0)
@@ -113,6 +134,8 @@ def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, clipr
         ratio = ops.exp(-neg_log_ratio)
         neg_adv = -advantages
         clipped = torch.maximum(neg_adv * ratio, neg_adv * ratio.clamp(*clip_bounds(low, high)))
-        lower = (clipped > neg_adv * clip_ratio_c) & (advantages < 0)
+        # No dual clip (clip_ratio_c=None): nothing is clipped from below.
+        lower = ((clipped > neg_adv * clip_ratio_c) if clip_ratio_c is not None else torch.zeros_like(mask)) & (
+            advantages < 0)
         pg_clipfrac_lower = ops.masked_mean(lower.float(), mask)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower

@@ -138,7 +138,7 @@ def test_policy_loss_refuses_options_it_cannot_express(kwargs, error, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"dp_size": 0}, "dp_size must be an int >= 1"),
-    ({"batch_num_tokens": 0.0}, "batch_num_tokens must be > 0"),
+    ({"batch_num_tokens": 0.0}, "batch_num_tokens must be finite and > 0"),
 ])
 def test_policy_loss_rejects_bad_counts(kwargs, match):
     logp, old, adv, _, _, m = padded()
