@@ -347,7 +347,11 @@ class RotaryTables(torch.nn.Module):
 class Attention(torch.nn.Module):
     """LlamaAttention, Qwen3Attention, Qwen3MoeAttention: fused q/k/v linear, Qwen3's per-head q/k norms,
     rotary (§24.3 with the tables of RotaryTables), HF's KV cache, the registered "bitparity" attention
-    (GQA/MQA, padding on either side), o_proj."""
+    (GQA/MQA, padding on either side), o_proj.
+
+    `paged` (None: HF's cache and mask) may be set to a module that keeps the keys and values itself and
+    attends over them: called as paged(q, k, v) with the rotated q [B, H, T, D] and k, v [B, Hkv, T, D], it
+    returns [B, T, H, D] in q's dtype (bitparity.vllm's attention over vLLM's paged KV cache, spec 30.8)."""
 
     def __init__(self, original, backend):
         super().__init__()
@@ -357,6 +361,7 @@ class Attention(torch.nn.Module):
         self.q_norm, self.k_norm = (None, None) if norms[0] is None else (RMSNorm(n, backend) for n in norms)
         self.layer_idx, self.head_dim, self.scaling = original.layer_idx, original.head_dim, original.scaling
         self.config, self.backend = original.config, backend
+        self.paged = None
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, past_key_values=None,
                 **kwargs):
@@ -369,11 +374,14 @@ class Attention(torch.nn.Module):
         cos, sin = (t[:, :, None, :] for t in position_embeddings)                         # [B, T, 1, D/2]
         q, k = (ops.rotary(t, cos, sin, backend=self.backend).to(t.dtype) for t in (q, k))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                                   # [B, H, T, D]
-        if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)      # as HF's attention modules call it
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        out, _ = ALL_ATTENTION_FUNCTIONS[NAME](self, q, k, v, attention_mask, scaling=self.scaling,
-                                               dropout=self.config.attention_dropout if self.training else 0.0)
+        if self.paged is not None:
+            out = self.paged(q, k, v)
+        else:
+            if cache is not None:
+                k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)      # as HF's attention modules call it
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+            out, _ = ALL_ATTENTION_FUNCTIONS[NAME](self, q, k, v, attention_mask, scaling=self.scaling,
+                                                   dropout=self.config.attention_dropout if self.training else 0.0)
         out = out.reshape(*hidden_states.shape[:-1], -1)
         return ops.linear(out, self.o_proj.weight, self.o_proj.bias, backend=self.backend).to(out.dtype), None
 
@@ -469,9 +477,9 @@ def _check(model):
         problems.append(f"rope_type={rope!r} (only the default rotary is implemented)")
     if getattr(config, "hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={config.hidden_act!r} (the MLP is SwiGLU: silu)")
-    if getattr(config, "sliding_window", None) is not None and (
-            getattr(config, "use_sliding_window", True) or "sliding_attention" in getattr(config, "layer_types", ())):
-        problems.append(f"sliding_window={config.sliding_window}")
+    sliding = _sliding_layers(model)
+    if sliding:
+        problems.append(f"sliding_window={config.sliding_window} (HF slides layers {sliding})")
     if getattr(config, "output_router_logits", False):
         problems.append("output_router_logits=True (the router's auxiliary loss runs torch's ops)")
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -486,6 +494,55 @@ def _check(model):
             problems.append(f"{name}.self_attn.scaling={attn.scaling} (not 1/sqrt(head_dim))")
     if problems:
         raise ValueError(f"bitparity.patch cannot run this {kind} on canonical ops: {'; '.join(problems)}")
+
+
+def _sliding_layers(model):
+    """The decoder layers HF runs with a sliding window: Qwen3 gives one to the layers config.layer_types marks
+    "sliding_attention" (from max_window_layers on) and only with use_sliding_window, Qwen3-MoE to every layer
+    with use_sliding_window. A config that asks for a window no layer gets runs with full attention, and is
+    accepted; each layer's own attention module and the config's layer types are both read."""
+    config = model.config
+    marked = getattr(config, "sliding_window", None) is not None and list(getattr(config, "layer_types", None) or ())
+    return [i for i, layer in enumerate(model.model.layers)
+            if getattr(layer.self_attn, "sliding_window", None) is not None
+            or (marked and i < len(marked) and marked[i] == "sliding_attention")]
+
+
+_CONFIG_COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings", "num_experts", "moe_intermediate_size",
+                  "decoder_sparse_step")
+
+
+def _check_config(model):
+    """The config's numeric fields, named config.<field>, with the rules of the ops that will use them (spec
+    30.2), before any module is replaced: the sizes are integers >= 1; the query heads a multiple of the
+    key/value heads; head_dim even (rotary's halves, spec 24.3); num_experts_per_tok in [1, num_experts];
+    rms_norm_eps (and each RMSNorm's variance_epsilon) a finite real > 0 that rounds to a normal float32, as
+    rms_norm takes (spec 24.2); rope_theta a finite real > 1, as rotary_tables takes. A field the config does not
+    have (or holds None: num_key_value_heads, head_dim) is derived as HF derives it."""
+    config = model.config
+    for field in _CONFIG_COUNTS:
+        if getattr(config, field, None) is not None:
+            ops._positive_int(f"config.{field}", getattr(config, field))
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads % kv_heads:
+        raise ValueError(f"config.num_attention_heads must be a multiple of config.num_key_value_heads = {kv_heads} "
+                         f"(grouped-query attention); got {heads}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if head_dim % 2:
+        raise ValueError(f"config.head_dim (or hidden_size // num_attention_heads) must be even (rotary's two halves); "
+                         f"got {head_dim}")
+    if getattr(config, "num_experts", None) is not None:
+        ops._positive_int("config.num_experts_per_tok", config.num_experts_per_tok, high=config.num_experts,
+                          why=" (config.num_experts)")
+    ops._normal_float32("config.rms_norm_eps", config.rms_norm_eps)
+    for name, module in model.named_modules():
+        if hasattr(module, "variance_epsilon"):
+            ops._normal_float32(f"{name}.variance_epsilon", module.variance_epsilon)
+    theta_field = ("config.rope_parameters['rope_theta']" if "rope_theta" in (getattr(config, "rope_parameters", None)
+                                                                             or {}) else "config.rope_theta")
+    ops._real(theta_field, _rope_theta(config), low=1.0, low_open=True)
 
 
 def _replacements(model, backend):
@@ -539,6 +596,7 @@ def patch(model, *, backend=None):
     if backend is not None:
         _check_name(backend)
     _check(model)
+    _check_config(model)
     plan = _replacements(model, backend)
     _register()
     originals = [(parent, name, getattr(parent, name)) for parent, name, _ in plan]
