@@ -446,7 +446,13 @@ class Sampler:
 def sequence_logprobs(model, input_ids, attention_mask=None, *, temperature=1.0):
     """The trainer's side: log p(token t | tokens < t) for t >= 1 by bitparity.token_logprobs on the model's
     logits, [B, T - 1] float32. With an attention_mask, padding may sit on either side: position ids count
-    each row's tokens from 0 (as generate's), and entries at padding are whatever its logits give."""
+    each row's tokens from 0 (as generate's), and entries at padding are whatever its logits give. A one-token
+    sequence (T = 1) has no token to score: the result is [B, 0], and the model does not run."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise TypeError(f"input_ids must be a [B, T] torch.Tensor; got "
+                        f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+    if input_ids.shape[1] < 2:
+        return torch.empty(input_ids.shape[0], 0, device=input_ids.device)
     position_ids = None
     if attention_mask is not None:
         position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)

@@ -544,13 +544,15 @@ def _state(model):
     ("qwen3", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}), "rope_type"),
     ("llama", dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
                                     "original_max_position_embeddings": 32}), "rope_type"),
-    # (HF slides only from layer max_window_layers = 28 on, so this one HF runs with full attention: refused all
-    # the same, as Qwen3's sliding-window configs are; the next one slides in every layer.)
-    ("qwen3", dict(use_sliding_window=True, sliding_window=4), "sliding_window"),
+    # (Qwen3 slides the layers from max_window_layers on: every layer here, the second one in the next row;
+    # Qwen3-MoE slides every layer. A window no layer gets is accepted: test_a_window_no_layer_gets_is_accepted.)
     ("qwen3", dict(use_sliding_window=True, sliding_window=4, max_window_layers=0), "sliding_window"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), r"HF slides layers \[1\]"),
+    ("qwen3_moe", dict(use_sliding_window=True, sliding_window=4), "sliding_window"),
     ("llama", dict(hidden_act="gelu"), "hidden_act"),
     ("qwen3_moe", dict(output_router_logits=True), "output_router_logits"),
-], ids=["linear-rope", "yarn-rope", "sliding-window", "sliding-window-every-layer", "gelu", "router-logits"])
+], ids=["linear-rope", "yarn-rope", "sliding-window-every-layer", "sliding-window-layer-1", "moe-sliding-window",
+        "gelu", "router-logits"])
 def test_an_unsupported_option_raises_naming_it_before_anything_changes(kind, overrides, option):
     model = build(kind, **overrides)
     before = _state(model)
@@ -690,3 +692,71 @@ def test_output_router_logits_at_call_time_raises_naming_it(zoo):
     with pytest.raises((ValueError, TypeError), match="output_router_logits"):
         model(input_ids=ids, attention_mask=mask, position_ids=positions, labels=labels, output_router_logits=True)
 
+
+# -- 7. The config's numeric fields (issue 25), one-token sequences ------------------------------------------------
+
+CONFIG_ROWS = [  # (kind, field, bad value, message fragment naming it); each set on the built model's config
+    ("qwen3", "rms_norm_eps", 0.0, "config.rms_norm_eps must be finite and in (0.0, inf); got 0.0"),
+    ("qwen3", "rms_norm_eps", 1e-40, "config.rms_norm_eps must round to a normal float32"),
+    ("llama", "rms_norm_eps", float("nan"), "config.rms_norm_eps must be finite"),
+    ("qwen3_moe", "rms_norm_eps", -1e-6, "config.rms_norm_eps must be finite and in (0.0, inf)"),
+    ("llama", "rope_parameters", {"rope_type": "default", "rope_theta": 1.0},
+     "config.rope_parameters['rope_theta'] must be finite and in (1.0, inf); got 1.0"),
+    ("qwen3", "rope_parameters", {"rope_type": "default", "rope_theta": float("inf")},
+     "config.rope_parameters['rope_theta'] must be finite"),
+    ("qwen3", "num_key_value_heads", 3, "config.num_attention_heads must be a multiple of config.num_key_value_heads"),
+    ("llama", "head_dim", 7, "config.head_dim (or hidden_size // num_attention_heads) must be even"),
+    ("qwen3", "head_dim", 0, "config.head_dim must be in [1, inf]"),
+    ("qwen3", "vocab_size", 0, "config.vocab_size must be in [1, inf]"),
+    ("llama", "hidden_size", -32, "config.hidden_size must be in [1, inf]"),
+    ("qwen3", "num_hidden_layers", 0, "config.num_hidden_layers must be in [1, inf]"),
+    ("qwen3", "max_position_embeddings", 0, "config.max_position_embeddings must be in [1, inf]"),
+    ("qwen3_moe", "num_experts_per_tok", 5, "config.num_experts_per_tok must be in [1, 4] (config.num_experts)"),
+    ("qwen3_moe", "num_experts_per_tok", 0, "config.num_experts_per_tok must be in [1, 4]"),
+    ("qwen3_moe", "num_experts", 0, "config.num_experts must be in [1, inf]"),
+    ("qwen3_moe", "decoder_sparse_step", 0, "config.decoder_sparse_step must be in [1, inf]"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("cuda",))          # raised before any op runs: cheap everywhere
+@pytest.mark.parametrize("kind, field, value, fragment", CONFIG_ROWS,
+                         ids=[f"{kind}-{field}-{value}" for kind, field, value, _ in CONFIG_ROWS])
+def test_a_bad_config_field_raises_naming_it_before_anything_changes(kind, field, value, fragment, backend):
+    """Each value is one HF's config takes (eps 0 used to pass patch and fail in the first forward, naming eps)."""
+    model = build(kind)
+    setattr(model.config, field, value)
+    before = _state(model)
+    with pytest.raises(ValueError) as raised:
+        bitparity.patch(model, backend=backend)
+    assert fragment in str(raised.value)
+    _unchanged(model, before)
+
+
+def test_a_modules_own_eps_is_checked_too():
+    model = build("qwen3")
+    model.model.layers[1].post_attention_layernorm.variance_epsilon = 0.0
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.post_attention_layernorm\.variance_epsilon must be"):
+        bitparity.patch(model)
+
+
+def test_a_window_no_layer_gets_is_accepted():
+    """Qwen3 with use_sliding_window=True and max_window_layers (28) above its 2 layers: HF runs every layer with
+    full attention (config.layer_types), so patch accepts it and gives the bits of the model without the option."""
+    model = build("qwen3", use_sliding_window=True, sliding_window=4)
+    assert model.config.sliding_window == 4 and "sliding_attention" not in model.config.layer_types
+    bitparity.patch(model, backend="cpu")
+    plain = bitparity.patch(build("qwen3"), backend="cpu")
+    ids, mask = left_padded(PROMPTS)
+    with torch.no_grad():
+        got, want = (m(input_ids=ids, attention_mask=mask).logits for m in (model, plain))
+    assert _same(got, want)
+
+
+def test_a_one_token_sequence_has_no_logprobs():
+    """sequence_logprobs scores tokens 1 .. T-1: for T = 1 there are none, a [B, 0] result (it used to raise
+    'logits must not be empty')."""
+    model = bitparity.patch(build("qwen3"), backend="cpu")
+    out = sequence_logprobs(model, torch.tensor([[3], [4]]))
+    assert out.shape == (2, 0) and out.dtype == torch.float32
+    with pytest.raises(TypeError, match=r"input_ids must be a \[B, T\] torch.Tensor; got \(3,\)"):
+        sequence_logprobs(model, torch.tensor([3, 4, 5]))
