@@ -5,6 +5,11 @@ spread (quartiles, min and max), the ratio to the `native` backend (torch's
 own ops) on the same device, and the throughput in GB/s of the bytes the op
 must move (every input read once, every output written once) next to the
 device's copy bandwidth, measured in the same run by a large torch copy_.
+The gradient ops (compare/grad_cases.py) are timed the same way: "<op>.backward" is torch.autograd.grad of the
+op's output at the shape, on a graph built once (the backward alone), against torch autograd through torch's op;
+the training steps (AdamW.step, SGD.step, clip_grad_norm_, GradientFold) are their conformance case of the tier
+(3 optimizer steps of a parameter of TRAIN_N elements, ...) against torch.optim and torch's clip, whole.  Their
+bytes are the inputs and the upstream gradient read once and the gradients written once.
 Clocks: CUDA events on a GPU, NPU events on Ascend, perf_counter on the CPU
 (compare/timing.py).  The `cuda` backend without a GPU runs in the Triton
 interpreter and `ascend` without an NPU in the host emulation, both on the
@@ -18,9 +23,9 @@ from tabulate import tabulate
 
 from .. import ops
 from ..backends import availability, device_type
-from . import cases
+from . import cases, grad_cases
 from .cli_common import Progress
-from .run import ELEMENTWISE_OPS, MODEL_OPS, OPS, SAMPLING_OPS, SOFTMAX_OPS, interpreted
+from .run import ALL_OPS, ELEMENTWISE_OPS, GRAD_OPS, MODEL_OPS, SAMPLING_OPS, SOFTMAX_OPS, interpreted
 from .timing import measure
 
 BENCH_BACKENDS = ("cpu", "cuda", "ascend")
@@ -33,12 +38,12 @@ SHAPES = {
               "sampling": ((16, 32000),),
               "linear": ((64, 1024, 1024),), "rms_norm": ((64, 4096),), "rotary": ((64, 32, 128),),
               "attention": ((1, 8, 128, 128, 64), (8, 8, 1, 512, 64)), "silu_mul": ((1 << 20,),),
-              "moe": ((64, 256, 8, 128, 2),)},
+              "moe": ((64, 256, 8, 128, 2),), "embedding": ((512, 32000, 256),)},
     "full": {"softmax": ((64, 151936), (4096, 32000), (256, 151936)), "elementwise": ((1 << 24,),),
              "rl": ((256, 4096), (4096, 512)), "sampling": ((64, 151936),),
              "linear": ((1, 4096, 4096), (256, 4096, 4096)), "rms_norm": ((4096, 4096),),
              "rotary": ((4096, 32, 128),), "attention": ((4, 32, 512, 512, 128), (64, 32, 1, 2048, 128)),
-             "silu_mul": ((1 << 24,),), "moe": ((512, 1024, 32, 512, 4),)},
+             "silu_mul": ((1 << 24,),), "moe": ((512, 1024, 32, 512, 4),), "embedding": ((4096, 151936, 1024),)},
 }
 # The sampling ops' settings: the suite's vLLM-style top-k 50, top-p 0.9 at T = 0.7; beams of 4.
 SAMPLING_FILTERS = cases.FILTERS["k50-p0.9-T0.7"]
@@ -50,8 +55,12 @@ COPY_BYTES = {"cpu": 1 << 28, "cuda": 1 << 30, "npu": 1 << 30}    # bytes each s
 
 
 def family(op):
-    """The key of op's shapes in SHAPES: a model op has its own."""
-    if op in MODEL_OPS:
+    """The key of op's shapes in SHAPES: a model op has its own; "<op>.backward" takes op's; the training steps
+    time their conformance case (grad_cases.timing_case) and take no shape ("steps")."""
+    if op in grad_cases.STEP_OPS:
+        return "steps"
+    op = op.removesuffix(".backward")
+    if op in MODEL_OPS or op == "embedding":
         return op
     if op in SOFTMAX_OPS:
         return "softmax"
@@ -61,6 +70,8 @@ def family(op):
 
 
 def default_shapes(op, tier):
+    if family(op) == "steps":
+        return (tuple(next(iter(grad_cases.timing_case(op, tier).shapes.values()))),)
     return SHAPES[tier][family(op)]
 
 
@@ -146,8 +157,8 @@ def check(backends, ops_, tier, repeats, warmup):
         if b not in BENCH_BACKENDS:
             raise ValueError(f"backends must be among {', '.join(BENCH_BACKENDS)}; got {b!r}")
     for op in ops_:
-        if op not in OPS:
-            raise ValueError(f"ops must be among {', '.join(OPS)}; got {op!r}")
+        if op not in ALL_OPS:
+            raise ValueError(f"ops must be among {', '.join(ALL_OPS)}; got {op!r}")
     if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
         raise ValueError(f"repeats must be an integer >= 1; got {repeats!r}")
     if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
@@ -158,7 +169,7 @@ def check(backends, ops_, tier, repeats, warmup):
             raise ValueError(f"backend {b!r} is not available here: {reason}")
 
 
-def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup=None, progress=True, seed=0):
+def run(backends=None, ops_=ALL_OPS, shapes=None, tier="quick", repeats=None, warmup=None, progress=True, seed=0):
     """Time ops on backends; a list of dicts, one per (op, shape, backend), native rows included.
 
     backends: names from BENCH_BACKENDS (default: every available one).  shapes: {op: [shape, ...]}
@@ -174,11 +185,57 @@ def run(backends=None, ops_=OPS, shapes=None, tier="quick", repeats=None, warmup
     rows = []
     with Progress(len(plan) * (len(backends) + len(devices)), "bench", enabled=progress) as bar:
         for op, shape in plan:
-            _time_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar)
+            timer = _time_grad_op if op in GRAD_OPS else _time_op
+            timer(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar, tier)
     return rows
 
 
-def _time_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar):
+def grad_inputs(op, shape, seed=0, tier="quick"):
+    """A gradient op's case inputs (grad_cases' (args, kwargs, upstream) for "<op>.backward" at shape, on the
+    CPU; for a training step, its timing case's)."""
+    if op in grad_cases.STEP_OPS:
+        return grad_cases.timing_case(op, tier, seed).inputs()
+    forward = op.removesuffix(".backward")
+    if forward == "embedding":
+        return grad_cases._embedding_grad_inputs("random", shape, False, seed)
+    return grad_cases._with_upstream(lambda: make_call(forward, shape, "cpu", seed), forward, seed, 0)
+
+
+def _prepare(op, backend, inputs, tier, seed):
+    if op in grad_cases.STEP_OPS:
+        return grad_cases.timing_case(op, tier, seed).prepare(backend, inputs)
+    return grad_cases._backward_prepare(op.removesuffix(".backward"), backend, inputs)
+
+
+def _time_grad_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar, tier):
+    """Append the native (torch autograd) row and each backend's row of a gradient op at shape, device by
+    device."""
+    inputs = grad_inputs(op, shape, seed, tier)
+    for dev in devices:
+        calls = {b: _prepare(op, b, inputs, tier, seed) for b in ["native"] + [b for b in backends
+                                                                                if device_type(b) == dev]}
+        nbytes = _nbytes(_flat_tensors(inputs)) + _nbytes(tuple(calls["native"]().values()))
+        native = measure(calls["native"], dev, warmup, repeats, BUDGET_S)
+        rows.append(_row(op, shape, "native", dev, native, nbytes, native.median_ms, copy[dev]))
+        bar.step(f"{op} {list(shape)} native")
+        for b in (b for b in calls if b != "native"):
+            t = measure(calls[b], dev, warmup, repeats, BUDGET_S)
+            rows.append(_row(op, shape, b, dev, t, nbytes, native.median_ms, copy[dev]))
+            bar.step(f"{op} {list(shape)} {b}")
+
+
+def _flat_tensors(value):
+    """Every tensor in nested tuples, lists and dicts, as one tuple."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, (tuple, list)):
+        return tuple(t for v in value for t in _flat_tensors(v))
+    return ()
+
+
+def _time_op(op, shape, backends, devices, copy, warmup, repeats, seed, rows, bar, tier=None):
     """Append the native row and each backend's row of op at shape, device by device."""
     for dev in devices:
         args, kwargs = make_call(op, shape, dev, seed)

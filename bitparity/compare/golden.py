@@ -3,11 +3,13 @@
 A case's digest is the SHA-256 of its output's canonical bytes: a float32
 result as little-endian int32 after every NaN becomes 0x7FC00000
 (metrics.canonical_bits), an integer result as its little-endian bytes, the
-parts of a tuple concatenated in order.  The file
+parts of a tuple concatenated in order.  A gradient case (compare/grad_cases.py)
+has one digest per recorded tensor ("dx", "dweight", "exp_avg", ...), under
+"tensors", so a mismatch names the tensor.  The file
 bitparity/golden/spec-v<SPEC_VERSION>.json ships inside the package (package
 data), so an installed bitparity verifies without its source tree.  It is part
 of the spec release, written once by the `cpu` backend (equal bit for bit to
-the `numpy` backend, the spec executed) when the spec changes:
+the `numpy` backend, the spec executed) when the spec changes, by one command:
 
     python -m bitparity.compare.golden --write [--quick --out FILE]
 
@@ -25,7 +27,7 @@ import torch
 
 from ..backends import availability
 from ..spec import SPEC_VERSION
-from . import cases, metrics
+from . import cases, grad_cases, metrics
 from .cli_common import Progress
 
 # Package data (pyproject.toml), beside the code that reads it, in a wheel as in a checkout.
@@ -60,14 +62,24 @@ def digest(output):
     return hashlib.sha256(canonical_bytes(output)).hexdigest()
 
 
+def tensor_digests(grads):
+    """{tensor name: digest} of a gradient case's output, in its order."""
+    return {name: digest(t) for name, t in grads.items()}
+
+
 def compute(tier, backend=WRITER, progress=True):
-    """The golden document of a tier, computed on backend case by case."""
-    suite = cases.suite(tier)
+    """The golden document of a tier, computed on backend case by case: the forward cases, then the gradient
+    cases (one digest per tensor)."""
+    suite = cases.suite(tier) + grad_cases.suite(tier)
     rows = []
     with Progress(len(suite), f"golden {tier} on {backend}", enabled=progress) as bar:
         for case in suite:
-            rows.append({"name": case.name, "op": case.op, "tier": case.tier, "shapes": case.shapes,
-                         "digest": digest(case.run(backend))})
+            row = {"name": case.name, "op": case.op, "tier": case.tier, "shapes": case.shapes}
+            if isinstance(case, grad_cases.GradCase):
+                row["tensors"] = tensor_digests(case.run(backend))
+            else:
+                row["digest"] = digest(case.run(backend))
+            rows.append(row)
             bar.step(case.name)
     return {"spec_version": SPEC_VERSION, "suite_version": cases.SUITE_VERSION, "tier": tier,
             "writer": backend, "cases": rows}
@@ -111,20 +123,29 @@ def _max_ulp_and_first_diff(got, want):
     return max_ulp, first
 
 
-def verify(backend, tier="quick", golden=None, progress=True, names=None):
-    """Run the tier on backend (only the cases named in `names`, when given) and check each case against the
-    golden digests.
+def _check_row(row, out, want, local_out):
+    """Fill row's match, and for a mismatch its max_ulp and first_diff against the local canonical output."""
+    row["match"] = digest(out) == want
+    if not row["match"]:
+        row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, local_out())
+    return row
 
-    Returns one dict per case: name, op, match, and for a mismatch max_ulp and first_diff against
-    the canonical output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build);
-    error is the exception's text when the case raised on backend (then match is False), else None.
+
+def verify(backend, tier="quick", golden=None, progress=True, names=None):
+    """Run the tier on backend, forward and gradient cases (only the cases named in `names`, when given), and
+    check each against the golden digests.
+
+    Returns one dict per forward case and one per tensor of a gradient case: name, op, tensor (None for a forward
+    case), match, and for a mismatch max_ulp and first_diff (the flat index in that tensor) against the canonical
+    output recomputed here (the `cpu` backend, or `numpy` where cpu cannot build); error is the exception's text
+    when the case raised on backend (then match is False for each of its rows), else None.
     """
     golden = golden if golden is not None else load()
     if golden["spec_version"] != SPEC_VERSION or golden["suite_version"] != cases.SUITE_VERSION:
         raise ValueError(f"the golden file is for spec {golden['spec_version']}, suite {golden['suite_version']}; "
                          f"this is spec {SPEC_VERSION}, suite {cases.SUITE_VERSION}")
-    want = {row["name"]: row["digest"] for row in golden["cases"]}
-    suite = [c for c in cases.suite(tier) if names is None or c.name in names]
+    want = {row["name"]: row.get("tensors", row.get("digest")) for row in golden["cases"]}
+    suite = [c for c in cases.suite(tier) + grad_cases.suite(tier) if names is None or c.name in names]
     missing = [c.name for c in suite if c.name not in want]
     if missing:
         raise ValueError(f"the golden file has no digests for {len(missing)} {tier} case(s), e.g. {missing[0]}: "
@@ -133,28 +154,42 @@ def verify(backend, tier="quick", golden=None, progress=True, names=None):
     results = []
     with Progress(len(suite), f"verify {tier} on {backend}", enabled=progress) as bar:
         for case in suite:
-            inputs = case.inputs()
-            row = {"name": case.name, "op": case.op, "match": False, "max_ulp": None, "first_diff": None,
-                   "error": None}
-            try:
-                out = case.run(backend, inputs)
-            except Exception as err:                # a case that raises is a failed case, not the end of the run
-                row["error"] = f"{type(err).__name__}: {err}"
-            else:
-                row["match"] = digest(out) == want[case.name]
-                if not row["match"]:
-                    row["max_ulp"], row["first_diff"] = _max_ulp_and_first_diff(out, case.run(local, inputs))
-            results.append(row)
+            results.extend(_verify_case(case, backend, local, want[case.name]))
             bar.step(case.name)
     return results
+
+
+def _verify_case(case, backend, local, want):
+    """verify's rows of one case: one for a forward case, one per tensor of a gradient case."""
+    inputs = case.inputs()
+    gradient = isinstance(case, grad_cases.GradCase)
+    tensors = case.tensors if gradient else (None,)
+    rows = [{"name": case.name, "op": case.op, "tensor": t, "match": False, "max_ulp": None, "first_diff": None,
+             "error": None} for t in tensors]
+    try:
+        out = case.run(backend, inputs)
+    except Exception as err:                        # a case that raises is a failed case, not the end of the run
+        for row in rows:
+            row["error"] = f"{type(err).__name__}: {err}"
+        return rows
+    local_out = {}
+
+    def canonical():                                # computed once, and only for a mismatch
+        if "out" not in local_out:
+            local_out["out"] = case.run(local, inputs)
+        return local_out["out"]
+    if not gradient:
+        return [_check_row(rows[0], out, want, canonical)]
+    return [_check_row(row, out[row["tensor"]], want.get(row["tensor"]), lambda t=row["tensor"]: canonical()[t])
+            for row in rows]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m bitparity.compare.golden", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", required=True,
-                        help="recompute and write the golden file (required: a deliberate flag, since the "
-                             "default file is committed and verify trusts it)")
+                        help="recompute and write the golden file, forward and gradient cases (required: a deliberate "
+                             "flag, since the default file is committed and verify trusts it)")
     parser.add_argument("--quick", action="store_true", help="the quick tier only (default: the full tier, "
                                                              "which holds the quick cases too)")
     parser.add_argument("--out", help="where to write (default: bitparity/golden/spec-v<SPEC_VERSION>.json)")

@@ -32,6 +32,13 @@ def ulp32(y):
     return np.spacing(f).astype(np.float64)
 
 
+def _beyond_range_as_inf(ref):
+    """ref with the finite values that round to +-inf in float32 (beyond its range) made that infinity."""
+    with np.errstate(over="ignore"):
+        ref32 = ref.astype(np.float32)
+    return np.where(np.isinf(ref32) & np.isfinite(ref), ref32.astype(np.float64), ref)
+
+
 def ulp_error(got, ref, floor=None):
     """|got - ref| in float32 ulps of max(|ref|, floor), element-wise.
 
@@ -42,10 +49,7 @@ def ulp_error(got, ref, floor=None):
     (docs/spec.md, section 10, says which for each op).
     """
     got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        ref32 = ref.astype(np.float32)
-    ref = np.where(np.isinf(ref32) & np.isfinite(ref), ref32.astype(np.float64), ref)   # beyond float32's range
+    ref = _beyond_range_as_inf(np.asarray(ref, dtype=np.float64))
     scale = np.abs(ref) if floor is None else np.maximum(np.abs(ref), floor)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - ref) / ulp32(scale)
@@ -68,3 +72,15 @@ def logdiff(got, want):
     if not np.all(both | same_special):
         return float("inf")
     return float(np.abs(g[both] - w[both]).max()) if both.any() else 0.0
+
+
+def unit_error(got, ref, unit):
+    """|got - ref| / unit element-wise (unit > 0, broadcastable): spec 29.14's measure, with unit U = 2^-24 times
+    the largest magnitude of the gradient; specials as in ulp_error (agreeing: 0, on one side only: inf)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = _beyond_range_as_inf(np.asarray(ref, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(got - ref) / unit
+    same_special = (got == ref) | (np.isnan(got) & np.isnan(ref))
+    err = np.where(same_special, 0.0, err)
+    return np.where(np.isnan(err), np.inf, err)

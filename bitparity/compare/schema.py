@@ -59,6 +59,18 @@ def _case(i, case, names, partial, problems):
                             f"(less those that ran a subset, {sorted(partial)})")
         problems.extend(f"{where}.digests.{b}: not a hex SHA-256" for b, d in digests.items()
                         if not (isinstance(d, str) and HEX64.match(d)))
+    if "tensors" in case:           # a gradient case: each backend's digest of each tensor, for the same backends
+        _tensors(where, case["tensors"], digests, problems)
+
+
+def _tensors(where, tensors, digests, problems):
+    if not isinstance(tensors, dict) or set(tensors) != set(digests if isinstance(digests, dict) else ()):
+        problems.append(f"{where}.tensors: expected an object with the backends of digests")
+        return
+    for b, named in tensors.items():
+        if not (isinstance(named, dict) and named and all(isinstance(d, str) and HEX64.match(d)
+                                                           for d in named.values())):
+            problems.append(f"{where}.tensors.{b}: expected an object of tensor name -> hex SHA-256")
 
 
 def _result(i, r, names, bins, problems):

@@ -342,3 +342,236 @@ def moe_magnitude(x, router, gate, up, down, top_k, norm_topk_prob=True):
     (|silu(g)| <= |g|, sigmoid' <= 1/4), where the sums inside cancel."""
     chosen, weights = moe_routing(x, router, top_k, norm_topk_prob)
     return _experts(np.abs(x), np.abs(gate), np.abs(up), np.abs(down), chosen, weights, np.multiply)
+
+
+# -- Backward (spec 26.12, 29.14) ---------------------------------------------------------------
+# The gradients' meanings, in float64 from the same binary32 inputs: closed forms of the derivative of the formulas
+# above (what float64 autograd of them computes, without its cancellations: entropy's 1 - d(log S)/dw at a dominant
+# token, spec 26.12), and float64 torch autograd for moe, whose routing weights make a closed form long. The softmax
+# family starts from w = RN32(x * scale) and ends with the multiply by scale; kl_penalty and ppo_policy_loss from the
+# binary32 log-ratio; moe at the experts the binary32 router logits choose. Each *_backward returns the gradients
+# in the op's argument order; the softmax family and the RL losses also return the floor of spec 26.12's measure.
+
+def _probabilities(w):
+    """(p [R, n], d = w - shift, log_total, W) of scaled logits w (-inf where masked): p accurate at a dominant
+    token (exp(d - log S) with spec 10's log S), 0 in rows without a finite maximum; W = max(1, max |w| counted)."""
+    shift, total, log_total = _stats(w)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = w - shift[:, None]
+        p = np.where((total == 0.0)[:, None], 0.0, np.exp(d - log_total[:, None]))
+    counted = np.where(np.isfinite(w), np.abs(w), 0.0)
+    return p, d, log_total, np.maximum(1.0, counted.max(axis=1, keepdims=True))
+
+
+def softmax_family_backward(op, x, second, scale, g):
+    """(dx [R, n], floor [R, 1]) of op in sum, logsumexp, log_softmax, softmax, entropy, token_logprobs: second is
+    the mask (None: all counted) or, for token_logprobs, the token ids; g the upstream gradient ([R] for the ops
+    with one value per row). Floors are spec 26.12's table (sum: exact data movement, None)."""
+    if op == "sum":
+        keep = np.ones(x.shape, dtype=bool) if second is None else second
+        return np.where(keep, g.astype(F64)[:, None], 0.0), None
+    mask = None if op == "token_logprobs" else second
+    keep = np.ones(x.shape, dtype=bool) if mask is None else mask
+    p, d, log_total, big_w = _probabilities(_scaled(x, mask, scale))
+    g64 = g.astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if op in ("logsumexp", "entropy", "token_logprobs"):
+            gr = g64[:, None]
+            if op == "logsumexp":
+                dx, floor = gr * p, big_w * np.abs(gr) * p.max(axis=1, keepdims=True)
+            elif op == "token_logprobs":
+                onehot = np.arange(x.shape[1])[None, :] == second[:, None]
+                dx, floor = (onehot - p) * gr, big_w * np.abs(gr)
+            else:
+                # -log p without cancellation; entries with exp(w - shift) = 0 add nothing and get 0 (spec 26.5's
+                # select, which keeps them 0 in a NaN row too); NaN propagates elsewhere
+                a = np.where(keep, log_total[:, None] - d, 0.0)
+                zero = np.exp(d) == 0
+                h = np.where(zero, 0.0, p * a).sum(axis=1, keepdims=True)
+                dx = np.where(zero, 0.0, p * (a - h)) * gr
+                floor = big_w * np.abs(gr) * np.where(zero, 0.0, p * (a + h)).max(axis=1, keepdims=True)
+        else:
+            gm = np.where(keep, g64, 0.0)
+            if op == "log_softmax":
+                dx = gm - p * gm.sum(axis=1, keepdims=True)
+                floor = big_w * (np.abs(gm) + p * np.abs(gm).sum(axis=1, keepdims=True)).max(axis=1, keepdims=True)
+            else:
+                dx = p * (gm - (gm * p).sum(axis=1, keepdims=True))
+                floor = (p * (np.abs(gm) + (p * np.abs(gm)).sum(axis=1, keepdims=True))).max(axis=1, keepdims=True)
+        return np.where(keep, dx * F64(np.float32(scale)), 0.0), floor
+
+
+def masked_mean_backward(mask, g):
+    """dx [R, n] of masked_mean over rows [R, n] (g [R]): g / n at counted entries; the floor |g| / n is dx's own
+    magnitude, so the measure is relative (None)."""
+    n = mask.sum(axis=1, keepdims=True)
+    return np.where(mask, g.astype(F64)[:, None] / np.maximum(n, 1), 0.0), None
+
+
+def masked_whiten_backward(x, mask, shift_mean, unbiased, eps, eps_mode, g):
+    """(dx [R, n], floor [R, 1]) of masked_whiten over each row: inv (g - gbar) - d inv^3 sum(g d) / k, where the
+    clamp holds (var < eps with eps_mode="clamp") inv is a constant and the second term drops; + gbar without
+    shift_mean. Floor: spec 26.12's inv * max_i (|g_i| + mean|g| + |z_i| mean|g z|)."""
+    x, g = x.astype(F64), np.where(mask, g.astype(F64), 0.0)
+    n = np.maximum(mask.sum(axis=1, keepdims=True), 1)
+    d = np.where(mask, x - np.where(mask, x, 0.0).sum(axis=1, keepdims=True) / n, 0.0)
+    k = np.maximum(mask.sum(axis=1, keepdims=True) - 1, 1) if unbiased else n
+    var = (d * d).sum(axis=1, keepdims=True) / k
+    eps = F64(np.float32(eps))
+    clamped = (var < eps) if eps_mode == "clamp" else np.zeros(var.shape, dtype=bool)
+    inv = 1.0 / np.sqrt(np.maximum(var, eps) if eps_mode == "clamp" else var + eps)
+    gbar = g.sum(axis=1, keepdims=True) / n
+    z = d * inv
+    c = np.where(clamped, 0.0, (g * d).sum(axis=1, keepdims=True) / k * inv)
+    dx = inv * ((g - gbar) - z * c) + (0.0 if shift_mean else gbar)
+    floor = inv * (np.abs(g) + np.abs(g).sum(axis=1, keepdims=True) / n
+                   + np.abs(z) * np.abs(g * z).sum(axis=1, keepdims=True) / n).max(axis=1, keepdims=True)
+    return np.where(mask, dx, 0.0), floor
+
+
+def kl_penalty_backward(logp, ref_logp, kind, clamp, log_ratio_clamp, g):
+    """(dlogp, dref_logp): g * the estimator's derivative in d = RN32(ref_logp - logp), 0 where a clamp holds (a
+    value on a bound passes, spec 26.9), and its sign flip for logp."""
+    d0 = _log_ratio(ref_logp, logp)
+    d = d0 if log_ratio_clamp is None else np.clip(d0, -log_ratio_clamp, log_ratio_clamp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        slope = {"k1": lambda: -np.ones_like(d), "abs": lambda: np.sign(d), "k2": lambda: d,
+                 "k3": lambda: np.expm1(d)}[kind]()
+        gd = g.astype(F64) * slope
+        if clamp is not None:
+            out = kl_penalty(logp, ref_logp, kind, None, log_ratio_clamp)
+            gd = np.where((out < -clamp) | (out > clamp), 0.0, gd)
+        if log_ratio_clamp is not None:
+            gd = np.where((d0 < -log_ratio_clamp) | (d0 > log_ratio_clamp), 0.0, gd)
+    return -gd, gd
+
+
+def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_high, dual_clip, ratio_clamp, agg,
+                             g):
+    """dlogp [B, T] of the loss (g the scalar upstream gradient): w_b * loss1 where the unclipped loss counts
+    (spec 26.10's passes: not clipped, not bounded by the dual clip, the log-ratio within the clamp)."""
+    d0 = _log_ratio(logp, old_logp)
+    d = d0 if ratio_clamp is None else np.clip(d0, -ratio_clamp, ratio_clamp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = np.exp(d)
+        a = advantages.astype(F64)
+        loss1, loss2 = -a * ratio, -a * np.clip(ratio, ratio_low, ratio_high)
+        passes = mask & ~(loss2 > loss1)
+        if dual_clip is not None:
+            passes &= ~((a < 0) & (-a * dual_clip < np.maximum(loss1, loss2)))
+        if ratio_clamp is not None:
+            passes &= ~((d0 < -ratio_clamp) | (d0 > ratio_clamp))
+        n_b = mask.sum(axis=1, keepdims=True)
+        sequences = max(int((n_b > 0).sum()), 1)
+        weight = {"token-mean": 1.0 / max(int(mask.sum()), 1), "seq-mean-token-sum": 1.0 / sequences,
+                  "seq-mean-token-mean": 1.0 / (sequences * np.maximum(n_b, 1)),
+                  "seq-mean-token-sum-norm": 1.0 / (mask.shape[1] * sequences)}[agg]
+        return np.where(passes, F64(g) * weight * loss1, 0.0)
+
+
+def linear_backward(x, weight, bias, g):
+    """(dx [M, K], dweight [N, K], dbias [N] or None) of x @ weight.T + bias."""
+    g = g.astype(F64)
+    return g @ weight.astype(F64), g.T @ x.astype(F64), None if bias is None else g.sum(axis=0)
+
+
+def rms_norm_backward(x, weight, eps, g):
+    """(dx [R, D], dweight [D]): r (u - n sum(u n) / D) with n = x r, u = g weight; dweight = sum over rows of g n."""
+    x, g = x.astype(F64), g.astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = 1.0 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F64(np.float32(eps)))
+        n = x * r
+        u = g * weight.astype(F64)
+        return r * (u - n * (u * n).mean(axis=1, keepdims=True)), (g * n).sum(axis=0)
+
+
+def rotary_backward(cos, sin, g):
+    """dx [..., D]: the transpose of the rotation, [g1 cos + g2 sin, g2 cos - g1 sin]."""
+    (g1, g2), c, s = _halves(g), cos.astype(F64), sin.astype(F64)
+    return np.concatenate([g1 * c + g2 * s, g2 * c - g1 * s], axis=-1)
+
+
+def attention_backward(q, k, v, kv_lengths, causal, scale, g):
+    """(dq, dk, dv) per group ([G, Tq, D], [G, Tk, D] twice): ds = p (dp - sum_j p dp) * scale with dp = g v^T;
+    dq = ds k, dk = ds^T q, dv = p^T g; keys that do not count get 0 (and are never read)."""
+    mask = canonical.attention_mask(q.shape[1], k.shape[1], kv_lengths, causal)
+    used = mask.any(axis=1)[..., None]
+    k, v = np.where(used, k, 0.0).astype(F64), np.where(used, v, 0.0).astype(F64)
+    q, g = q.astype(F64), g.astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(mask, np.einsum("gid,gjd->gij", q, k) * scale, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = np.where(mask, p / p.sum(axis=-1, keepdims=True), 0.0)
+        dp = np.einsum("gid,gjd->gij", g, v)
+        ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * scale
+        # dk as a select over the counted (query, key) pairs: a NaN query adds nothing to keys it does not see
+        dk = np.where(mask[..., None], ds[..., None] * q[:, :, None, :], 0.0).sum(axis=1)
+        return np.einsum("gij,gjd->gid", ds, k), dk, np.einsum("gij,gid->gjd", p, g)
+
+
+def silu_mul_backward(gate, up, g):
+    """(dgate, dup): g up sig (1 + gate (1 - sig)) and g gate sig, sig = 1 / (1 + exp(-gate))."""
+    gate, g = gate.astype(F64), g.astype(F64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sig = 1.0 / (1.0 + np.exp(-gate))
+        return g * up.astype(F64) * sig * (1.0 + gate * (1.0 - sig)), g * gate * sig
+
+
+def moe_backward(x, router, gate, up, down, top_k, norm_topk_prob, g):
+    """(dx, drouter, dgate, dup, ddown) by float64 torch autograd of moe() at moe_routing's chosen experts."""
+    import torch
+    chosen, _ = moe_routing(x, router, top_k, norm_topk_prob)
+    leaves = [torch.tensor(a.astype(F64), requires_grad=True) for a in (x, router, gate, up, down)]
+    tx, tr, tg, tu, td = leaves
+    ids = torch.from_numpy(chosen)
+    weights = torch.softmax(tx @ tr.T, dim=1).gather(1, ids)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=1, keepdim=True)
+    out = torch.zeros_like(tx)
+    for s in range(top_k):
+        e = ids[:, s]
+        z, u = torch.einsum("md,mid->mi", tx, tg[e]), torch.einsum("md,mid->mi", tx, tu[e])
+        out = out + weights[:, s:s + 1] * torch.einsum("mi,mdi->md", z * torch.sigmoid(z) * u, td[e])
+    return tuple(t.numpy() for t in torch.autograd.grad(out, leaves, torch.from_numpy(g.astype(F64))))
+
+
+def embedding_backward(tokens, vocab, g):
+    """dweight [V, D]: row v the sum of g's rows at positions holding token v, 0 for tokens that do not occur."""
+    out = np.zeros((vocab, g.shape[1]))
+    np.add.at(out, tokens, g.astype(F64))
+    return out
+
+
+def adamw_steps(weight, grads, lr, betas, eps, weight_decay):
+    """(weight, exp_avg, exp_avg_sq) after torch's AdamW steps (amsgrad off) in float64 from binary32 values."""
+    w, m, v = weight.astype(F64), np.zeros(weight.shape), np.zeros(weight.shape)
+    b1, b2 = betas
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t, g in enumerate(grads, 1):
+            g = g.astype(F64)
+            w = w * (1.0 - lr * weight_decay)
+            m, v = b1 * m + (1.0 - b1) * g, b2 * v + (1.0 - b2) * g * g
+            w = w - lr / (1.0 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1.0 - b2 ** t) + eps)
+    return w, m, v
+
+
+def sgd_steps(weight, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    """(weight, momentum buffer or None) after torch's SGD steps in float64 from binary32 values."""
+    w, buf = weight.astype(F64), None
+    with np.errstate(over="ignore", invalid="ignore"):
+        for g in grads:
+            g = g.astype(F64) + weight_decay * w
+            if momentum:
+                buf = g if buf is None else momentum * buf + (1.0 - dampening) * g
+                g = g + momentum * buf if nesterov else buf
+            w = w - lr * g
+    return w, buf
+
+
+def clip_grad_norm(grads, max_norm):
+    """(norm, clipped gradients): torch's clip_grad_norm_ in float64: coef = min(1, max_norm / (norm + 1e-6)) in
+    IEEE arithmetic (an infinite norm gives 0, a NaN norm NaN)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = np.sqrt(np.sum([np.sum(g.astype(F64) ** 2) for g in grads]))
+        coef = np.minimum(1.0, max_norm / (norm + 1e-6))
+        return norm, [g.astype(F64) * coef for g in grads]
