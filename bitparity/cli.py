@@ -16,7 +16,7 @@ from . import __version__
 from .backends import NAMES, availability
 from .compare import bench, cli_common, diff, golden, probe, report, schema
 from .compare import plots as plotting    # draws nothing, and needs no matplotlib, until asked
-from .compare.run import OPS, compare
+from .compare.run import ALL_OPS, compare
 from .models.hf_policy import MODELS           # rl-check --model's names; transformers is imported only when used
 from .spec import SPEC_VERSION
 
@@ -65,7 +65,7 @@ def _compare(args):
         if not available:
             print(f"bitparity compare: warning: skipping --backend {b}: {reason}", file=sys.stderr)
     start = time.perf_counter()
-    run = compare(backends=args.backend, ops_=args.op or OPS, tier=cli_common.tier(args), seed=args.seed)
+    run = compare(backends=args.backend, ops_=args.op or ALL_OPS, tier=cli_common.tier(args), seed=args.seed)
     doc = report.document(run, command="bitparity " + " ".join(args.argv))
     with open(args.out, "w") as f:
         f.write(report.to_json(doc) + "\n")
@@ -88,7 +88,8 @@ def _add_compare_parser(sub):
     p.add_argument("--backend", action="append", choices=NAMES,
                    help="backends to run (repeatable; default: all available); one not available here is skipped "
                         "with a warning on stderr")
-    p.add_argument("--op", action="append", choices=OPS, help="ops to run (repeatable; default: all)")
+    p.add_argument("--op", action="append", choices=ALL_OPS,
+                   help="ops to run, forward or gradient (<op>.backward, AdamW.step, ...) (repeatable; default: all)")
     tiers = cli_common.add_tier_args(p)
     tiers.add_argument("--suite", dest="tier", choices=cli_common.TIERS, help="the older spelling of --quick / --full")
     cli_common.add_format_args(p)
@@ -115,13 +116,15 @@ def _verify(args):
         return _fail("verify", f"{path} is not a golden digest file (docs/report-schema.md): "
                                f"{type(err).__name__} {err}")
     matched = sum(r["match"] for r in rows)
-    summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} cases match the golden digests of "
-               f"spec {doc['spec_version']} ({path}); {len(rows) - matched} mismatch")
-    cells = [(r["name"], "match" if r["match"] else f"ERROR {r['error']}" if r["error"] else "MISMATCH",
+    summary = (f"{args.backend}: {matched}/{len(rows)} {cli_common.tier(args)} digests (forward cases and gradient "
+               f"tensors) match the golden digests of spec {doc['spec_version']} ({path}); "
+               f"{len(rows) - matched} mismatch")
+    cells = [(r["name"], r["tensor"] or "",
+              "match" if r["match"] else f"ERROR {r['error']}" if r["error"] else "MISMATCH",
               "" if r["match"] else "-" if r["max_ulp"] is None else f"{r['max_ulp']:.3g}",
               "" if r["first_diff"] is None else r["first_diff"]) for r in rows]
-    table = tabulate(cells, headers=("case", "result", "max ulp vs local canonical", "first differing index"),
-                     tablefmt="github")
+    table = tabulate(cells, headers=("case", "tensor", "result", "max ulp vs local canonical",
+                                     "first differing index"), tablefmt="github")
     local_agrees = [r["name"] for r in rows if not r["match"] and not r["error"] and r["first_diff"] is None]
     note = (f"\n{len(local_agrees)} mismatching case(s) equal this machine's canonical result bit for bit: "
             f"the golden file, not {args.backend}, differs from the code here") if local_agrees else ""
@@ -258,10 +261,10 @@ def _bench(args):
         return refused
     backends = args.backend or [b for b in bench.BENCH_BACKENDS if availability(b)[0]]
     try:
-        bench.check(backends, args.op or list(OPS), cli_common.tier(args), args.repeats, args.warmup)
+        bench.check(backends, args.op or list(ALL_OPS), cli_common.tier(args), args.repeats, args.warmup)
     except ValueError as err:
         return _fail("bench", err)
-    rows = bench.run(args.backend, args.op or list(OPS), tier=cli_common.tier(args), repeats=args.repeats,
+    rows = bench.run(args.backend, args.op or list(ALL_OPS), tier=cli_common.tier(args), repeats=args.repeats,
                      warmup=args.warmup, progress=not args.no_progress)
     _print_or_write(bench.render(rows, args.format), args.out)
     return 0
@@ -271,7 +274,8 @@ def _add_bench_parser(sub):
     p = sub.add_parser("bench", help="time each op against torch's native op and the copy bandwidth")
     p.add_argument("--backend", action="append", choices=bench.BENCH_BACKENDS,
                    help="backends to time (repeatable; default: all available)")
-    p.add_argument("--op", action="append", choices=OPS, help="ops to time (repeatable; default: all)")
+    p.add_argument("--op", action="append", choices=ALL_OPS,
+                   help="ops to time, forward or gradient (<op>.backward, AdamW.step, ...) (repeatable; default: all)")
     cli_common.add_tier_args(p)
     cli_common.add_format_args(p)
     p.add_argument("--repeats", type=int, help="timed runs per measurement (default: by tier)")
