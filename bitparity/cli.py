@@ -52,6 +52,8 @@ def _writable(path):
 # -- compare ------------------------------------------------------------------------
 
 def _compare(args):
+    if not 0 <= args.seed < 2**63:
+        return _fail("compare", f"--seed must be in [0, 2**63) (the case generators' seed); got {args.seed}")
     if args.plots:
         try:
             plotting.pyplot()
@@ -320,6 +322,8 @@ def _rl_check(args):
     if args.world_size not in (1, 2, 4, 8):
         return _fail("rl-check", f"--world-size must be 1, 2, 4 or 8 (a power of two: spec 28.1's blocks); got "
                                  f"{args.world_size}")
+    if args.rollout_correction is not None and (args.steps > 1 or args.world_size > 1):
+        return _fail("rl-check", "--rollout-correction reports one step: use it without --steps and --world-size")
     if args.world_size > 1 and (args.native or args.backend == "native"):
         return _fail("rl-check", "--native and --backend native compare one process's weights: use them without "
                                  "--world-size")
@@ -372,8 +376,6 @@ def _rl_train(args):
     """rl-check --steps N (N >= 2): N rollout-and-update iterations (spec 29.13), then the weights digest."""
     from .rl import check
 
-    if args.rollout_correction is not None:
-        return _fail("rl-check", "--rollout-correction reports one step: use it without --steps")
     try:
         doc = check.train_check(args.backend, args.seed, args.steps, args.micro_batch, native=args.native,
                                 world_size=args.world_size, config=args.hf_model)
@@ -468,7 +470,9 @@ def _hf_about(model):
 
 
 def _correction(text):
-    """LEVEL,MODE,THRESHOLD[,LOW] -> rollout_correction's keyword arguments (checked by the op itself)."""
+    """LEVEL,MODE,THRESHOLD[,LOW] -> rollout_correction's keyword arguments, checked here with the op's own rules
+    (spec 27: THRESHOLD and LOW round to normal float32 values, LOW <= THRESHOLD after rounding), so a bad value
+    is refused while the arguments are parsed, before the RL step runs."""
     parts = text.split(",")
     if len(parts) not in (3, 4):
         raise argparse.ArgumentTypeError(f"expected LEVEL,MODE,THRESHOLD[,LOW]; got {text!r}")
@@ -480,6 +484,14 @@ def _correction(text):
         bounds = [float(p) for p in parts[2:]]
     except ValueError:
         raise argparse.ArgumentTypeError(f"THRESHOLD and LOW must be numbers; got {text!r}") from None
+    from .ops import _f32, _normal_float32
+    try:
+        for name, bound in zip(("THRESHOLD", "LOW"), bounds):
+            _normal_float32(name, bound)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error} (in {text!r})") from None
+    if len(bounds) == 2 and _f32(bounds[1]) > _f32(bounds[0]):
+        raise argparse.ArgumentTypeError(f"LOW must be <= THRESHOLD after rounding to float32; got {text!r}")
     return {"level": parts[0], "mode": parts[1], "threshold": bounds[0],
             **({"threshold_low": bounds[1]} if len(bounds) == 2 else {})}
 

@@ -58,3 +58,11 @@ def test_compare_warns_about_an_unavailable_backend(monkeypatch, tmp_path, capsy
                      "--out", str(tmp_path / "run.json")]) == 0
     assert "warning: skipping --backend ascend: no NPU (test)" in capsys.readouterr().err
     assert json.loads((tmp_path / "run.json").read_text())["backends"] == ["numpy"]
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63)])
+def test_compare_refuses_a_seed_outside_int64_before_running(seed, monkeypatch, tmp_path, capsys):
+    """A negative seed used to reach numpy's generator and end in a traceback, status 1."""
+    monkeypatch.setattr(cli, "compare", lambda **kwargs: pytest.fail("compare ran despite bad arguments"))
+    _fails(["compare", "--seed", seed, "--out", str(tmp_path / "run.json")], capsys, "--seed must be in [0, 2**63)",
+           seed)

@@ -138,3 +138,50 @@ def test_rollout_correction_reports_the_mismatch_metrics(tmp_path, capsys, captu
     assert "mismatch metrics (spec 27.2)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["rl-check", "--rollout-correction", "token,truncate"])
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """check.check and check.train_check fail the test if called: a refusal must come before the RL step."""
+    for name in ("check", "train_check"):
+        monkeypatch.setattr(check, name, lambda *a, **k: pytest.fail("the RL step ran despite a bad argument"))
+
+
+@pytest.mark.parametrize("value, words", [
+    ("token,mask,0", "THRESHOLD must be finite and in (0.0, inf); got 0.0"),
+    ("token,mask,nan", "THRESHOLD must be finite and in (0.0, inf); got nan"),
+    ("token,truncate,inf", "THRESHOLD must be finite"),
+    ("token,mask,-2", "THRESHOLD must be finite and in (0.0, inf); got -2.0"),
+    ("token,mask,1e-40", "THRESHOLD must round to a normal float32"),
+    ("sequence,mask,2,3", "LOW must be <= THRESHOLD after rounding to float32"),
+    ("token,mask,2,0", "LOW must be finite and in (0.0, inf); got 0.0"),
+    ("token,mask,2,1e39", "LOW must round to a normal float32"),
+    ("token,mask,two", "THRESHOLD and LOW must be numbers"),
+    ("token,clip,2", "LEVEL must be one of"),
+    ("token,mask", "expected LEVEL,MODE,THRESHOLD[,LOW]"),
+])
+def test_a_bad_rollout_correction_is_refused_while_parsing(value, words, capsys, nothing_runs):
+    """argparse's error (status 2, its one 'error:' line) before anything runs; it used to be a traceback and
+    status 1 after the whole RL step."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["rl-check", "--rollout-correction", value])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("bitparity rl-check: error: argument --rollout-correction: ") and words in error, error
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--steps", "-3"], "--steps must be >= 1"),
+    (["--micro-batch", "3", "--steps", "2"], "--micro-batch a power of two"),
+    (["--micro-batch", "0"], "--micro-batch a power of two"),
+    (["--world-size", "3", "--steps", "2"], "--world-size must be 1, 2, 4 or 8"),
+    (["--world-size", "0"], "--world-size must be 1, 2, 4 or 8"),
+    (["--seed", str(2**31)], "--seed must be in [0, 2**31)"),
+    (["--rollout-correction", "token,mask,2", "--steps", "2"], "--rollout-correction reports one step"),
+    (["--rollout-correction", "token,mask,2", "--world-size", "2"], "--rollout-correction reports one step"),
+])
+def test_bad_numbers_exit_2_before_anything_runs(argv, words, capsys, nothing_runs):
+    assert cli.main(["rl-check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bitparity rl-check: ") and words in err and err.count("\n") == 1, err
