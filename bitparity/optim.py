@@ -17,9 +17,19 @@ from . import ops
 from .backends import resolve as _resolve
 from .reference.canonical import sqrt32
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_MIN_NORMAL = float(np.finfo(np.float32).tiny)            # 2^-126
+_TWO_M64, _TWO_P64 = 2.0 ** -64, 2.0 ** 64
+
 
 def _rn32(value):
     return float(np.float32(value))
+
+
+def _fits32(value):
+    """Whether RN32(value) is finite."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
 
 
 def _params(params, name):
@@ -30,26 +40,78 @@ def _params(params, name):
     return params
 
 
-def _float32_param(p, who):
+def _real(value, name):
+    """value as a binary64 number: an int, a float, a numpy real scalar or a one-element real tensor (torch's
+    optimizers take a tensor lr the same way); bools, complex numbers and other types are refused."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.dtype.is_complex or value.is_meta:
+            raise TypeError(f"{name} as a tensor must hold one real number; got shape {tuple(value.shape)}, dtype "
+                            f"{value.dtype}, device {value.device}")
+        return float(value.detach().reshape(()).item())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number (int, float, numpy scalar or one-element tensor); got "
+                        f"{type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite; got an int of {int(value).bit_length()} bits") from None
+
+
+def _in_domain(value, name, low, low_open, what):
+    """The number `value` (see _real) if it is finite, >= low (> low when low_open) and finite in binary32."""
+    x = _real(value, name)
+    if not math.isfinite(x) or x < low or (low_open and x == low) or not abs(x) <= _FLOAT32_MAX:
+        raise ValueError(f"{name} must be {what}; got {value!r}")
+    return x
+
+
+def _name(key, group_index):
+    """The user's name of a hyper-parameter: the keyword, or its entry of a parameter group."""
+    return key if group_index is None else f"param_groups[{group_index}]['{key}']"
+
+
+def _check_dense_float32(p, grad, who, label):
+    """Refuses what the element-wise kernels cannot take, before anything changes: a parameter or gradient that
+    is not float32 (bf16 models keep float32 master weights), a sparse gradient, a gradient of another shape."""
     if p.dtype != torch.float32:
         raise TypeError(f"bitparity.optim.{who} updates float32 parameters (the canonical order is binary32); got "
-                        f"a parameter of dtype {p.dtype}: keep float32 master weights")
+                        f"{label} of dtype {p.dtype}: keep float32 master weights")
+    if grad is None:
+        return
+    if grad.layout != torch.strided:
+        raise TypeError(f"bitparity.optim.{who}: the gradient of {label} is {grad.layout}; the canonical step "
+                        f"takes dense gradients (torch.Tensor.to_dense(), or a dense embedding)")
+    if grad.dtype != torch.float32 or grad.shape != p.shape:
+        raise TypeError(f"bitparity.optim.{who}: the gradient of {label} must be float32 of the parameter's shape "
+                        f"{tuple(p.shape)}; got {grad.dtype} {tuple(grad.shape)}")
 
 
-class AdamW(torch.optim.Optimizer):
-    """torch.optim.AdamW (amsgrad=False, maximize=False) in spec 29.12's order, on `backend` (default: the
-    parameters' device's, as every op). State m and v are float32."""
+def _kernel(backend, p, name, who):
+    module = _resolve(backend, p.device)
+    kernel = getattr(module, name, None)
+    if kernel is None:
+        raise ValueError(f"bitparity.optim.{who}: backend {module.NAME!r} has no canonical {name}; use a canonical "
+                         f"backend (numpy, cpu, cuda, ascend) or torch.optim")
+    return kernel
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, backend=None):
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"{name} must be a real number >= 0; got {value!r}")
-        if eps <= 0 or not np.float32(eps) > 0:
-            raise ValueError(f"eps must be > 0 and round to a positive float32; got {eps!r}")
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1); got {betas!r}")
-        self.backend = backend
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+class _Canonical(torch.optim.Optimizer):
+    """What AdamW and SGD share: every parameter group is checked when it is added and again at each step()
+    (a scheduler or the user may have changed it), and step() plans every parameter's update (its checks and
+    host constants) before it changes any weight or state, so a refused step leaves the optimizer as it was."""
+
+    def add_param_group(self, param_group):
+        merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        self._hyper(merged, len(self.param_groups))
+        params = param_group["params"]
+        if not isinstance(params, (torch.Tensor, set)):       # a generator is read once, here (torch refuses a set)
+            param_group = {**param_group, "params": list(params)}
+        params = param_group["params"]
+        for i, p in enumerate([params] if isinstance(params, torch.Tensor) else params):
+            if isinstance(p, torch.Tensor):
+                _check_dense_float32(p, None, type(self).__name__,
+                                     f"param_groups[{len(self.param_groups)}]['params'][{i}]")
+        super().add_param_group(param_group)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -57,111 +119,236 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
+        plan = []
+        for index, group in enumerate(self.param_groups):
+            hyper = self._hyper(group, index)
+            for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
-                _float32_param(p, "AdamW")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["beta1_power"], state["beta2_power"] = 1.0, 1.0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                state["step"] += 1
-                state["beta1_power"] *= beta1                     # beta^t by t binary64 multiplications
-                state["beta2_power"] *= beta2
-                bc1, bc2 = 1.0 - state["beta1_power"], 1.0 - state["beta2_power"]
-                module = _resolve(self.backend, p.device)
-                w, m, v = module.adamw_step(
-                    ops._dense(p.detach()).reshape(-1), ops._dense(p.grad.to(torch.float32)).reshape(-1),
-                    state["exp_avg"].reshape(-1), state["exp_avg_sq"].reshape(-1),
-                    None if wd == 0 else _rn32(1.0 - lr * wd), _rn32(beta1), _rn32(1.0 - beta1), _rn32(beta2),
-                    _rn32(1.0 - beta2), _rn32(1.0 / math.sqrt(bc2)), _rn32(eps), _rn32(lr / bc1))
-                p.copy_(w.reshape(p.shape))
-                state["exp_avg"].copy_(m.reshape(p.shape))
-                state["exp_avg_sq"].copy_(v.reshape(p.shape))
+                label = f"param_groups[{index}]['params'][{i}]"
+                _check_dense_float32(p, p.grad, type(self).__name__, label)
+                plan.append(self._plan(p, hyper, index))
+        for update in plan:
+            update()
         return loss
 
 
-class SGD(torch.optim.Optimizer):
-    """torch.optim.SGD (maximize=False) in spec 29.12's order, on `backend`."""
+class AdamW(_Canonical):
+    """torch.optim.AdamW (amsgrad=False, maximize=False) in spec 29.12's order, on `backend` (default: the
+    parameters' device's, as every op). State m and v are float32. Accepted (spec 29.12): lr and weight_decay
+    finite >= 0, eps with RN32(eps) a normal binary32 (2^-126 <= RN32(eps) <= 3.4e38), betas in [0, 1); each an
+    int, float, numpy scalar or one-element tensor."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, backend=None):
+        self.backend = backend
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        self._hyper(defaults, None)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _hyper(group, index):
+        """(lr, beta1, beta2, eps, weight_decay) as binary64 numbers, or the error naming the user's value."""
+        lr = _in_domain(group["lr"], _name("lr", index), 0.0, False, "finite, >= 0 and at most 3.4e38")
+        wd = _in_domain(group["weight_decay"], _name("weight_decay", index), 0.0, False,
+                        "finite, >= 0 and at most 3.4e38")
+        eps_name = _name("eps", index)
+        eps = _in_domain(group["eps"], eps_name, 0.0, True, "> 0 and finite")
+        if not _MIN_NORMAL <= _rn32(eps) <= _FLOAT32_MAX:
+            raise ValueError(f"{eps_name} must round to a normal binary32, 2^-126 (1.1754944e-38) <= RN32(eps) <= "
+                             f"3.4028235e38: it is the floor of AdamW's denominator, whose reciprocal (spec 29.11) "
+                             f"is defined from 2^-126 up; got {group['eps']!r}")
+        betas, betas_name = group["betas"], _name("betas", index)
+        if isinstance(betas, torch.Tensor) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise ValueError(f"{betas_name} must be a pair (beta1, beta2); got {betas!r}")
+        beta1, beta2 = (_in_domain(b, f"{betas_name}[{k}]", 0.0, False, "in [0, 1)") for k, b in enumerate(betas))
+        for k, b in enumerate((beta1, beta2)):
+            if not b < 1.0:
+                raise ValueError(f"{betas_name}[{k}] must be in [0, 1); got {betas[k]!r}")
+        if wd != 0 and not _fits32(1.0 - lr * wd):
+            raise ValueError(f"1 - {_name('lr', index)} * {_name('weight_decay', index)} (the decay factor) must be "
+                             f"finite in binary32; got lr = {lr!r}, weight_decay = {wd!r}")
+        return lr, beta1, beta2, eps, wd
+
+    def _plan(self, p, hyper, index):
+        """The update of p at its next step t, with spec 29.12's host constants, made and checked now."""
+        lr, beta1, beta2, eps, wd = hyper
+        kernel = _kernel(self.backend, p, "adamw_step", "AdamW")
+        state = self.state[p]
+        beta1_power = state.get("beta1_power", 1.0) * beta1           # beta^t by t binary64 multiplications
+        beta2_power = state.get("beta2_power", 1.0) * beta2
+        bc1, bc2 = 1.0 - beta1_power, 1.0 - beta2_power
+        if not _fits32(lr / bc1):
+            raise ValueError(f"{_name('lr', index)} / (1 - beta1^t) = {lr / bc1!r} at step t = "
+                             f"{state.get('step', 0) + 1} exceeds binary32; lower lr")
+        constants = (None if wd == 0 else _rn32(1.0 - lr * wd), _rn32(beta1), _rn32(1.0 - beta1), _rn32(beta2),
+                     _rn32(1.0 - beta2), _rn32(1.0 / math.sqrt(bc2)), _rn32(eps), _rn32(lr / bc1))
+
+        def update():
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            w, m, v = kernel(ops._dense(p.detach()).reshape(-1), ops._dense(p.grad).reshape(-1),
+                             state["exp_avg"].reshape(-1), state["exp_avg_sq"].reshape(-1), *constants)
+            state["step"] += 1
+            state["beta1_power"], state["beta2_power"] = beta1_power, beta2_power
+            p.copy_(w.reshape(p.shape))
+            state["exp_avg"].copy_(m.reshape(p.shape))
+            state["exp_avg_sq"].copy_(v.reshape(p.shape))
+        return update
+
+
+class SGD(_Canonical):
+    """torch.optim.SGD (maximize=False) in spec 29.12's order, on `backend`. Accepted (spec 29.12): lr, momentum
+    and weight_decay finite >= 0, dampening finite (torch checks none of it), each an int, float, numpy scalar
+    or one-element tensor; nesterov needs momentum > 0 and dampening = 0, as torch."""
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  backend=None):
-        for name, value in (("lr", lr), ("momentum", momentum), ("dampening", dampening),
-                            ("weight_decay", weight_decay)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"{name} must be a real number >= 0; got {value!r}")
-        if nesterov and (momentum == 0 or dampening != 0):
-            raise ValueError("nesterov needs momentum > 0 and dampening = 0 (as torch.optim.SGD)")
         self.backend = backend
-        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,
-                                  "weight_decay": weight_decay, "nesterov": bool(nesterov)})
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                    "nesterov": nesterov}
+        self._hyper(defaults, None)
+        super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                _float32_param(p, "SGD")
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                module = _resolve(self.backend, p.device)
-                w, buf = module.sgd_step(
-                    ops._dense(p.detach()).reshape(-1), ops._dense(p.grad.to(torch.float32)).reshape(-1),
-                    None if buf is None else buf.reshape(-1), _rn32(group["lr"]), _rn32(group["momentum"]),
-                    _rn32(1.0 - group["dampening"]), _rn32(group["weight_decay"]), group["nesterov"])
-                p.copy_(w.reshape(p.shape))
-                if buf is not None:
-                    state["momentum_buffer"] = buf.reshape(p.shape).clone()
-        return loss
+    @staticmethod
+    def _hyper(group, index):
+        """(lr, momentum, 1 - dampening, weight_decay, nesterov) as RN32 values, or the error naming the user's."""
+        values = {}
+        for key in ("lr", "momentum", "weight_decay"):
+            values[key] = _in_domain(group[key], _name(key, index), 0.0, False, "finite, >= 0 and at most 3.4e38")
+        dampening = _in_domain(group["dampening"], _name("dampening", index), -_FLOAT32_MAX, False,
+                               "finite and at most 3.4e38 in magnitude")
+        if not _fits32(1.0 - dampening):
+            raise ValueError(f"1 - {_name('dampening', index)} must be finite in binary32; got {group['dampening']!r}")
+        if values["momentum"] != 0 and _rn32(values["momentum"]) == 0:
+            raise ValueError(f"{_name('momentum', index)} must be 0 or round to a nonzero binary32; got "
+                             f"{group['momentum']!r}")
+        nesterov = group["nesterov"]
+        if not isinstance(nesterov, (bool, np.bool_)):
+            raise TypeError(f"{_name('nesterov', index)} must be a bool; got {nesterov!r}")
+        if nesterov and (values["momentum"] == 0 or dampening != 0):
+            raise ValueError(f"{_name('nesterov', index)} needs momentum > 0 and dampening = 0 (as torch.optim.SGD)")
+        return (_rn32(values["lr"]), _rn32(values["momentum"]), _rn32(1.0 - dampening),
+                _rn32(values["weight_decay"]), bool(nesterov))
+
+    def _plan(self, p, hyper, index):
+        kernel = _kernel(self.backend, p, "sgd_step", "SGD")
+        state = self.state[p]
+
+        def update():
+            buf = state.get("momentum_buffer")
+            w, buf = kernel(ops._dense(p.detach()).reshape(-1), ops._dense(p.grad).reshape(-1),
+                            None if buf is None else buf.reshape(-1), *hyper)
+            p.copy_(w.reshape(p.shape))
+            if buf is not None:
+                state["momentum_buffer"] = buf.reshape(p.shape).clone()
+        return update
+
+
+def _flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+    return bool(value)
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm, *, backend=None):
-    """Scale every gradient by RN32(min(1, max_norm / (norm + 1e-6))) (spec 29.10) and return the norm, a 0-d
-    float32 tensor: norm = sqrt32 of the canonical sum, over the parameters in the order given, of each
-    gradient's canonical sum of squares. Parameters without a gradient are skipped."""
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
-        raise ValueError(f"max_norm must be a real number > 0; got {max_norm!r}")
-    grads = [p.grad for p in _params(parameters, "parameters") if p.grad is not None]
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None, *, backend=None):
+    """torch.nn.utils.clip_grad_norm_ with spec 29.10's norm: scale every gradient by
+    coef = RN32(min(1, max_norm / (norm + 1e-6))) (NaN-propagating min) and return the norm, a 0-d float32 tensor.
+    norm = sqrt32 of the canonical sum, over the parameters in the order given, of each gradient's canonical
+    sum of squares; where that sum overflows, the same sums of the gradients scaled by 2^-64, and the root scaled
+    back (so a finite norm is +inf only beyond binary32). Parameters without a gradient, or with no elements,
+    are skipped. norm_type must be 2 (the one canonical norm); error_if_nonfinite=True raises RuntimeError, as
+    torch, before any gradient changes; foreach (None or a bool) is accepted and changes nothing."""
+    max_norm = _in_domain(max_norm, "max_norm", 0.0, True, "finite and > 0")
+    if isinstance(norm_type, str) or _real(norm_type, "norm_type") != 2.0:
+        raise ValueError(f"norm_type must be 2.0: spec 29.10 defines the Euclidean norm only; got {norm_type!r}")
+    error_if_nonfinite = _flag(error_if_nonfinite, "error_if_nonfinite")
+    if foreach is not None:
+        _flag(foreach, "foreach")
+    params = _params(parameters, "parameters")
+    grads = []
+    for i, p in enumerate(params):
+        if p.grad is None or p.grad.numel() == 0:
+            continue
+        if p.grad.layout != torch.strided or p.grad.dtype != torch.float32:
+            raise TypeError(f"bitparity.optim.clip_grad_norm_: the gradient of parameters[{i}] must be dense "
+                            f"float32; got {p.grad.layout} {p.grad.dtype}")
+        grads.append(p.grad)
     if not grads:
         return torch.tensor(0.0)
-    squares = []
-    for g in grads:
-        flat = g.detach().to(torch.float32).reshape(1, -1)
-        squares.append(ops.sum(flat * flat, backend=backend).reshape(1))       # one rounding per product
-    total = ops.sum(torch.cat(squares).to(grads[0].device), backend=backend)
-    norm = np.float32(sqrt32(np.float32(float(total))))
-    coef = _rn32(min(1.0, float(max_norm) / (float(norm) + 1e-6)))
+    norm = _norm(grads, 1.0, backend)
+    if norm == math.inf:                                  # overflowed squares: the scaled sums, then the root * 2^64
+        norm = np.float32(_norm(grads, _TWO_M64, backend) * np.float32(_TWO_P64))
+    if error_if_nonfinite and not np.isfinite(norm):
+        raise RuntimeError(f"The total norm of order 2.0 for gradients from `parameters` is non-finite ({norm}), so "
+                           f"it cannot be clipped. To disable this error and scale the gradients by the non-finite "
+                           f"norm anyway, set `error_if_nonfinite=False`")
+    ratio = max_norm / (float(norm) + 1e-6)
+    coef = _rn32(ratio if math.isnan(ratio) else min(1.0, ratio))    # torch.clamp's NaN-propagating min
     for g in grads:
         g.mul_(coef)
     return torch.tensor(norm)
 
 
+def _norm(grads, scale, backend):
+    """sqrt32 of the canonical sum of the gradients' canonical sums of (g * scale)^2 (one rounding per product;
+    scale is 1 or 2^-64, exact)."""
+    squares = []
+    for g in grads:
+        flat = g.detach().reshape(1, -1)
+        flat = flat if scale == 1.0 else flat * scale
+        squares.append(ops.sum(flat * flat, backend=backend).reshape(1))
+    total = ops.sum(torch.cat(squares).to(grads[0].device), backend=backend)
+    with np.errstate(invalid="ignore"):                   # sqrt32(+inf)'s steps run on inf; it returns +inf
+        return np.float32(sqrt32(np.float32(float(total))))
+
+
 class GradientFold:
-    """Accumulates micro-batch gradients by spec 29.1's row fold: call `add()` after each micro-batch's
-    backward (it takes every parameter's .grad and clears it) and `finish()` after the last (it writes the
-    folded gradient to .grad). Micro-batches must be consecutive blocks of the same power-of-two number of
-    rows of every op (the last may be shorter); then the result is the bits of one backward over all rows.
+    """Accumulates micro-batch gradients by spec 29.1's row fold: call `add(rows)` after each micro-batch's
+    backward, with the number of rows every op of that backward folded (for a model: sequences x padded length;
+    it takes every parameter's .grad and clears it), and `finish()` after the last (it writes the folded
+    gradient to .grad). The result is the bits of one backward over all rows when the micro-batches are
+    consecutive blocks of the same power-of-two number of rows, the last possibly shorter; `add` refuses any
+    other layout, before it changes anything. Parameters must be float32: a bf16 parameter's .grad is rounded
+    to bf16 by each micro-batch's backward, so no fold of them is one backward's bits.
     A binary counter: two partials of the same size are added (left + right) as soon as both exist, so at
     most log2(micro-batches) partials per parameter are held."""
 
     def __init__(self, params):
         self.params = _params(params, "params")
+        for i, p in enumerate(self.params):
+            if p.dtype != torch.float32:
+                raise TypeError(f"GradientFold: params[{i}] has dtype {p.dtype}; each micro-batch's backward rounds "
+                                f"its .grad to that dtype, so folding them cannot give one backward's bits: keep "
+                                f"float32 master parameters")
         self._stack = []                                  # [(level, [grad or None per parameter])]
+        self._rows = []                                   # the rows of each micro-batch added since finish()
 
-    def add(self):
-        grads = [None if p.grad is None else p.grad.detach().to(torch.float32).clone() for p in self.params]
+    def add(self, rows):
+        if isinstance(rows, (bool, np.bool_)) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise ValueError(f"GradientFold.add: rows must be a positive int (the micro-batch's rows); got {rows!r}")
+        rows = int(rows)
+        if self._rows:
+            first, last = self._rows[0], self._rows[-1]
+            if first & (first - 1):
+                raise ValueError(f"GradientFold.add: the first micro-batch had {first} rows, not a power of two; "
+                                 f"with several micro-batches each but the last must have the same power-of-two "
+                                 f"number of rows (spec 29.1), or the fold is not one backward's")
+            if last < first:
+                raise ValueError(f"GradientFold.add: the previous micro-batch had {last} rows, fewer than the "
+                                 f"first's {first}: only the last micro-batch may be shorter (spec 29.1)")
+            if rows > first:
+                raise ValueError(f"GradientFold.add: this micro-batch has {rows} rows, more than the first's "
+                                 f"{first}: every micro-batch but the last must have the same power-of-two number "
+                                 f"of rows, the last at most as many (spec 29.1)")
+        for i, p in enumerate(self.params):
+            _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
         for p in self.params:
             p.grad = None
+        self._rows.append(rows)
         level = 0
         while self._stack and self._stack[-1][0] == level:
             _, left = self._stack.pop()
@@ -175,8 +362,9 @@ class GradientFold:
         while self._stack:                               # right to left: the -0.0 padding of spec 29.1
             _, left = self._stack.pop()
             folded = [_plus(a, b) for a, b in zip(left, folded)]
+        self._rows = []
         for p, g in zip(self.params, folded):
-            p.grad = None if g is None else g.to(p.dtype)
+            p.grad = g
 
 
 def _plus(left, right):

@@ -62,6 +62,10 @@ TWO_BITS = 0x40000000            # 2.0
 ONE_BITS = 0x3F800000            # 1.0
 
 
+# -- AdamW's square (spec 29.12) ---------------------------------------------------
+TWO_M64_BITS = 0x1F800000        # 2**-64: g * g overflows from |g| = 2**64; there h = g * 2**-64 is squared ...
+TWO_P64_BITS = 0x5F800000        # 2**64: ... and c2 * (h * h) scaled back by 2**64 twice (exact powers of two)
+
 # -- RL operators (spec sections 14-17) -----------------------------------------
 RSQRT_MAGIC = 0x5F3759DF         # initial guess: bits(r0) = RSQRT_MAGIC - (bits(y) >> 1)
 RSQRT_NEWTON_STEPS = 4

@@ -892,7 +892,8 @@ def sqrt32(y):
 
 
 def recip(d):
-    """1/d for a positive normal d (spec 29.11): spec 7's reciprocal of the mantissa in [1, 2), scaled by 2^-e."""
+    """1/d for d in [2^-126, +inf] or NaN (spec 29.11): spec 7's reciprocal of the mantissa in [1, 2), scaled by
+    2^-e; +0.0 at +inf (e = 128 would scale by -inf), NaN propagates. AdamW's denominator is never below eps32."""
     d = np.asarray(d, dtype=F32)
     bits = d.view(I32)
     e = (bits >> 23) - 127
@@ -900,7 +901,18 @@ def recip(d):
     r = reciprocal(mantissa)
     low = e == 127
     scale = ((I32(127) - np.where(low, 126, e)) << 23).astype(I32).view(F32)
-    return np.where(low, (r * F32(0.5)) * scale, r * scale)
+    out = np.where(low, (r * F32(0.5)) * scale, r * scale)
+    return np.where(d == POS_INF, F32(0.0), np.where(np.isnan(d), d, out))
+
+
+def _scaled_square_term(g, c2):
+    """c2 * (g * g) as if g * g had an unbounded exponent (spec 29.12): where g * g overflows (|g| >= 2^64),
+    ((c2 * (h * h)) * 2^64) * 2^64 with h = g * 2^-64, whose roundings are the unscaled ones (powers of two
+    scale exactly); +inf only where the term itself exceeds binary32."""
+    gg = g * g
+    h = g * _c(spec.TWO_M64_BITS)
+    up = _c(spec.TWO_P64_BITS)
+    return np.where(gg == POS_INF, ((F32(c2) * (h * h)) * up) * up, F32(c2) * gg)
 
 
 def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
@@ -908,7 +920,7 @@ def adamw_step(w, g, m, v, decay, b1, c1, b2, c2, ibc2, eps, step):
     if decay is not None:
         w = w * F32(decay)
     m = F32(b1) * m + F32(c1) * g
-    v = F32(b2) * v + F32(c2) * (g * g)
+    v = F32(b2) * v + _scaled_square_term(g, c2)
     den = (sqrt32(v) * F32(ibc2)) + F32(eps)
     return w - (m * recip(den)) * F32(step), m, v
 

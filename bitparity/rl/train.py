@@ -122,7 +122,7 @@ def ppo_update(policy, reference, done, optimizer, update=UpdateSettings(), sett
         upstream = torch.cat([d_logp[r, :len(done.tokens[r])] for r in chunk])
         scored.backward(upstream)
         if fold is not None:
-            fold.add()
+            fold.add(len(chunk) * columns)                     # every op folded these rows (spec 29.1)
     if native:
         norm = torch.nn.utils.clip_grad_norm_(params, update.max_grad_norm)
     else:

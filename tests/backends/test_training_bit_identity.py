@@ -166,6 +166,15 @@ def _adamw_calls(rng):
         bc1, bc2 = 1.0 - 0.9 ** t, 1.0 - 0.999 ** t
         host = (f32(0.9), f32(1 - 0.9), f32(0.999), f32(1 - 0.999), f32(1 / np.sqrt(bc2)), f32(1e-8), f32(1e-3 / bc1))
         out.append((f"step {t} decay={decay}", (w, g, m, v, decay, *host)))
+    # spec 29.12's scaled square (g * g overflows from 2^64; the term c2 * g^2 from about 5.8e20) and recip's
+    # ends (spec 29.11): den = eps32 = 2^-126, den >= 2^127 (e = 127), +inf, NaN
+    big = torch.tensor([2.0 ** 64, -2.0 ** 64, np.nextafter(F32(2.0 ** 64), F32(0)), 1e20, -1e20, 5e20, 5.9e20,
+                        7e20, 3e38, np.inf, -np.inf, np.nan, 1.0, 0.0], dtype=torch.float32)
+    g_big = big.repeat(-(-n // big.numel()))[:n]
+    for eps in (2.0 ** -126, 3e38):
+        host = (f32(0.9), f32(1 - 0.9), f32(0.999), f32(1 - 0.999), f32(1 / np.sqrt(1 - 0.999)), f32(eps),
+                f32(1e-3 / (1 - 0.9)))
+        out.append((f"overflowing squares eps={eps}", (w, g_big, m, v, None, *host)))
     return out
 
 

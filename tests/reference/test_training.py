@@ -71,6 +71,9 @@ def test_sqrt32_and_recip_accuracy():
     np.testing.assert_array_equal(ref.sqrt32(squares * squares), squares)
     special = ref.sqrt32(np.array([0.0, 1e-40, np.inf, np.nan], F32))
     assert special[0] == 0 and special[1] == 0 and special[2] == np.inf and np.isnan(special[3])
+    ends = ref.recip(np.array([np.finfo(F32).tiny, 2.0 ** 127, np.finfo(F32).max, np.inf, np.nan], F32))
+    assert ends[0] == 2.0 ** 126 and ends[1] == 2.0 ** -127 and 0 < ends[2] < 2.0 ** -127      # e = 127: subnormal
+    assert ends[3] == 0 and not np.signbit(ends[3]) and np.isnan(ends[4])     # IEEE 1/d at +inf and NaN (1.7.0)
 
 
 U = 2.0 ** -24          # the unit: one binary32 rounding, relative to the gradient's largest magnitude

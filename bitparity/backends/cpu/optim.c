@@ -22,9 +22,9 @@ ALWAYS_INLINE float sqrt32(float y)
     return small ? 0.0f : s;
 }
 
-/* 1/d for a positive normal d (spec 29.11): with d = m * 2^e, m in [1, 2), reciprocal(m) (spec 7) times
- * 2^-e, an exact scaling; for e = 127, 2^-127 is not normal and the scaling is by 0.5, then 2^-126.  The
- * scale's bits are (127 - e) << 23 in uint32 (wrapping for inputs outside the domain, as int32 does). */
+/* 1/d for d in [2^-126, +inf] or NaN (spec 29.11): with d = m * 2^e, m in [1, 2), reciprocal(m) (spec 7) times
+ * 2^-e, an exact scaling; for e = 127, 2^-127 is not normal and the scaling is by 0.5, then 2^-126.  +inf gives
+ * +0.0 (its e = 128 would scale by -inf) and NaN propagates.  The scale's bits are (127 - e) << 23 in uint32. */
 ALWAYS_INLINE float recip(float d)
 {
     int32_t e = ((int32_t)bits_of(d) >> 23) - 127;
@@ -32,7 +32,19 @@ ALWAYS_INLINE float recip(float d)
     float r = canonical_reciprocal(mantissa);
     int low = e == 127;
     float scale = float_of((uint32_t)(127 - (low ? 126 : e)) << 23);
-    return low ? (r * float_of(BP_HALF_BITS)) * scale : r * scale;
+    float out = low ? (r * float_of(BP_HALF_BITS)) * scale : r * scale;
+    out = d != d ? d : out;
+    return d == POS_INF ? 0.0f : out;
+}
+
+/* c2 * (g * g) as if g * g had an unbounded exponent (spec 29.12): where g * g overflows (|g| >= 2^64),
+ * ((c2 * (h * h)) * 2^64) * 2^64 with h = g * 2^-64, the same roundings scaled by exact powers of two. */
+ALWAYS_INLINE float scaled_square_term(float g, float c2)
+{
+    float gg = g * g;
+    float h = g * float_of(BP_TWO_M64_BITS);
+    float scaled = ((c2 * (h * h)) * float_of(BP_TWO_P64_BITS)) * float_of(BP_TWO_P64_BITS);
+    return gg == POS_INF ? scaled : c2 * gg;
 }
 
 struct adamw_job {
@@ -43,7 +55,8 @@ struct adamw_job {
 };
 
 /* Elements [begin, end) of one AdamW step (spec 29.12), in this order:
- *   w = w * decay (decayed != 0: weight_decay != 0);  m = b1 * m + c1 * g;  v = b2 * v + c2 * (g * g);
+ *   w = w * decay (decayed != 0: weight_decay != 0);  m = b1 * m + c1 * g;  v = b2 * v + c2 * (g * g) (the
+ *   square scaled where it overflows: scaled_square_term);
  *   den = sqrt32(v) * ibc2 + eps;  w = w - (m * recip(den)) * step.
  * The outputs are restrict (new tensors, apart from the inputs and each other): with seven arrays gcc would
  * need more run-time overlap tests than it makes (10) and leave the loop scalar. */
@@ -56,7 +69,7 @@ static void adamw_elements(const struct adamw_job *job, float *restrict w_out, f
         float w = c.w[i], g = c.g[i];
         w = c.decayed ? w * c.decay : w;
         float m = c.b1 * c.m[i] + c.c1 * g;
-        float v = c.b2 * c.v[i] + c.c2 * (g * g);
+        float v = c.b2 * c.v[i] + scaled_square_term(g, c.c2);
         float den = sqrt32(v) * c.ibc2 + c.eps;
         w_out[i] = w - (m * recip(den)) * c.step;
         m_out[i] = m;

@@ -427,17 +427,18 @@ def sqrt32(y):
 
 @triton.jit
 def recip(d):
-    # 1/d for a positive normal d, as canonical.recip (spec 29.11): d = m * 2**e with
-    # m in [1, 2); reciprocal(m) (spec 7) times 2**-e, built from its bits; for e = 127,
-    # 2**-127 is subnormal, so (reciprocal(m) * 0.5) * 2**-126.  Other inputs follow
-    # the same integer steps (int32 wrap-around), as the reference's do.
+    # 1/d for d in [2**-126, +inf] or NaN, as canonical.recip (spec 29.11): d = m * 2**e
+    # with m in [1, 2); reciprocal(m) (spec 7) times 2**-e, built from its bits; for
+    # e = 127, 2**-127 is subnormal, so (reciprocal(m) * 0.5) * 2**-126.  +inf gives +0.0
+    # (its e = 128 would scale by -inf); NaN propagates.
     bits = d.to(tl.int32, bitcast=True)
     e = (bits >> 23) - 127
     mantissa = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
     r = reciprocal(mantissa)
     low = e == 127
     scale = ((127 - tl.where(low, 126, e)) << 23).to(tl.float32, bitcast=True)
-    return tl.where(low, (r * HALF) * scale, r * scale)
+    out = tl.where(low, (r * HALF) * scale, r * scale)
+    return tl.where(d == POS_INF, 0.0, tl.where(d != d, d, out))
 
 
 @triton.jit

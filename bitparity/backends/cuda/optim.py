@@ -13,15 +13,30 @@ import torch
 import triton
 import triton.language as tl
 
-from .canonical import recip, sqrt32
+from ... import spec
+from .canonical import POS_INF, recip, sqrt32
 from .layout import block_elements, launch
+
+TWO_M64: tl.constexpr = tl.constexpr(spec.f32(spec.TWO_M64_BITS))
+TWO_P64: tl.constexpr = tl.constexpr(spec.f32(spec.TWO_P64_BITS))
+
+
+@triton.jit
+def scaled_square_term(g, c2):
+    # c2 * (g * g) as if g * g had an unbounded exponent (spec 29.12): where g * g
+    # overflows (|g| >= 2**64), ((c2 * (h * h)) * 2**64) * 2**64 with h = g * 2**-64,
+    # the same roundings scaled by exact powers of two.
+    gg = g * g
+    h = g * TWO_M64
+    scaled = ((c2 * (h * h)) * TWO_P64) * TWO_P64
+    return tl.where(gg == POS_INF, scaled, c2 * gg)
 
 
 @triton.jit
 def adamw_kernel(w_ptr, g_ptr, m_ptr, v_ptr, w_out_ptr, m_out_ptr, v_out_ptr, n,
                  decay, b1, c1, b2, c2, ibc2, eps, step, BLOCK: tl.constexpr):
     # w, g, m, v and the outputs: [n].  One program: BLOCK elements.
-    #   w = w * decay;  m = (b1 * m) + (c1 * g);  v = (b2 * v) + (c2 * (g * g));
+    #   w = w * decay;  m = (b1 * m) + (c1 * g);  v = (b2 * v) + (c2 * (g * g)) (scaled_square_term);
     #   den = (sqrt32(v) * ibc2) + eps;  w = w - (m * recip(den)) * step.
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)    # [BLOCK]
     ok = offs < n
@@ -30,7 +45,7 @@ def adamw_kernel(w_ptr, g_ptr, m_ptr, v_ptr, w_out_ptr, m_out_ptr, v_out_ptr, n,
     if decay is not None:
         w = w * decay
     m = b1 * tl.load(m_ptr + offs, mask=ok, other=0.0) + c1 * g
-    v = b2 * tl.load(v_ptr + offs, mask=ok, other=0.0) + c2 * (g * g)
+    v = b2 * tl.load(v_ptr + offs, mask=ok, other=0.0) + scaled_square_term(g, c2)
     den = (sqrt32(v) * ibc2) + eps
     tl.store(w_out_ptr + offs, w - (m * recip(den)) * step, mask=ok)
     tl.store(m_out_ptr + offs, m, mask=ok)

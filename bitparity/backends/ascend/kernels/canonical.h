@@ -460,13 +460,12 @@ __aicore__ inline void CanonicalSqrt(const LocalTensor<float>& s, const LocalTen
 
 constexpr uint32_t TWO_POW_127_BITS = 0x7F000000u;   // 2^127: the binade of exponent e = 127 (spec 29.11)
 
-// out = recip(d) over n floats (spec 29.11), for d a positive normal float32 (AdamW's denominator):
+// out = recip(d) over n floats (spec 29.11), for d in [2^-126, +inf] or NaN (AdamW's denominator):
 // e = (bits(d) >> 23) - 127 and m = float(bits(d) - (e << 23)), which is (bits(d) & 0x007FFFFF) |
 // 0x3F800000 (the exponent replaced by 127's, so m is in [1, 2)); out = reciprocal(m) (spec 7) *
 // float((127 - e) << 23), the exact scaling by 2^-e, and where e == 127 (2^127 <= d < +inf)
-// (reciprocal(m) * 0.5) * 2^-126.  Any other input (zero, subnormal, negative, +-inf, NaN) goes
-// through the same integer steps as the reference's and gets its bits: the two compares below hold
-// together exactly where e == 127.
+// (reciprocal(m) * 0.5) * 2^-126; +0.0 where d is +inf (whose e = 128 would scale by -inf), and d
+// itself where d is NaN.
 // n a multiple of 64.  out must not be d or inside work.  work: 9n floats; bits: n/8 bytes.
 __aicore__ inline void GeneralReciprocal(const LocalTensor<float>& out, const LocalTensor<float>& d,
                                          const LocalTensor<float>& work, const LocalTensor<uint8_t>& bits,
@@ -490,11 +489,13 @@ __aicore__ inline void GeneralReciprocal(const LocalTensor<float>& out, const Lo
     AscendC::Sub(mi, mi, e, n);
     AscendC::ShiftLeft(mi.ReinterpretCast<uint32_t>(), mi.ReinterpretCast<uint32_t>(), static_cast<uint32_t>(23), n);
     AscendC::Mul(m, out, m, n);
-    // e == 127 as 2^127 <= d, less +inf (whose e is 128); NaN (e 128 too) fails the compare.
+    // e == 127 as 2^127 <= d; +inf (e = 128) is replaced below and NaN fails the compare.
     AscendC::Compares(bits, d, FloatFromBits(TWO_POW_127_BITS), AscendC::CMPMODE::GE, n);
     AscendC::Select(out, bits, low, m, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
-    AscendC::Compares(bits, d, PosInf(), AscendC::CMPMODE::EQ, n);
-    AscendC::Select(out, bits, m, out, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
+    AscendC::Compares(bits, d, PosInf(), AscendC::CMPMODE::NE, n);
+    AscendC::Select(out, bits, out, 0.0f, AscendC::SELMODE::VSEL_TENSOR_SCALAR_MODE, n);
+    AscendC::Compare(bits, d, d, AscendC::CMPMODE::EQ, n);            // false only where d is NaN
+    AscendC::Select(out, bits, out, d, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, n);
 }
 
 // phi(d) = sum_k d^k / (k + 2)! of spec 16's k3 over n floats: phi = c0; phi = phi * d + c_i for the

@@ -5,7 +5,8 @@
 //   binary64 and rounded (spec 29.12).
 //
 // Each element on its own, in the spec's order:
-//   AdamW: w = w * decay (only with weight decay); m = (b1 * m) + (c1 * g); v = (b2 * v) + (c2 * (g * g));
+//   AdamW: w = w * decay (only with weight decay); m = (b1 * m) + (c1 * g); v = (b2 * v) + (c2 * (g * g))
+//     (where g * g overflows, ((c2 * (h * h)) * 2^64) * 2^64 with h = g * 2^-64);
 //     den = (sqrt32(v) * ibc2) + eps (CanonicalSqrt, canonical.h); w = w - (m * recip(den)) * step
 //     (GeneralReciprocal, canonical.h).
 //   SGD: d = g + weight_decay * w (only with weight decay); with momentum, buffer = d on the first step,
@@ -117,8 +118,17 @@ private:
         AscendC::Muls(t, g, constants.c1, lanes);
         AscendC::Add(mOut, mOut, t, lanes);
         AscendC::Muls(vOut, v, constants.b2, lanes);
+        // t = c2 * (g * g), and where g * g overflows (|g| >= 2^64) den = ((c2 * (h * h)) * 2^64) * 2^64
+        // with h = g * 2^-64 instead: the same roundings, scaled by exact powers of two.
         AscendC::Mul(t, g, g, lanes);
+        AscendC::Muls(den, g, FloatFromBits(TWO_M64_BITS), lanes);
+        AscendC::Mul(den, den, den, lanes);
+        AscendC::Muls(den, den, constants.c2, lanes);
+        AscendC::Muls(den, den, FloatFromBits(TWO_P64_BITS), lanes);
+        AscendC::Muls(den, den, FloatFromBits(TWO_P64_BITS), lanes);
+        AscendC::Compares(bits, t, PosInf(), AscendC::CMPMODE::EQ, lanes);
         AscendC::Muls(t, t, constants.c2, lanes);
+        AscendC::Select(t, bits, den, t, AscendC::SELMODE::VSEL_TENSOR_TENSOR_MODE, lanes);
         AscendC::Add(vOut, vOut, t, lanes);
         CanonicalSqrt(den, vOut, work, bits, lanes);
         AscendC::Muls(den, den, constants.ibc2, lanes);

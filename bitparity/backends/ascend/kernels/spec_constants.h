@@ -45,6 +45,8 @@ constexpr uint32_t THREE_HALVES_BITS = 0x3FC00000u;  // 1.5
 constexpr uint32_t TWO_BITS = 0x40000000u;  // 2.0
 constexpr uint32_t TWO_M24_BITS = 0x33800000u;  // 5.960464477539063e-08
 constexpr uint32_t TWO_M48_BITS = 0x27800000u;  // 3.552713678800501e-15
+constexpr uint32_t TWO_M64_BITS = 0x1F800000u;  // 5.421010862427522e-20
+constexpr uint32_t TWO_P64_BITS = 0x5F800000u;  // 1.8446744073709552e+19
 
 // EXP_POLY_BITS, in spec.py's order
 constexpr uint32_t EXP_POLY_TERMS = 6u;
