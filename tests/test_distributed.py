@@ -6,6 +6,7 @@ ops on the global batch and compares bit patterns. Rows are split unevenly on pu
 
 import datetime
 import functools
+import math
 import multiprocessing
 import os
 import queue
@@ -76,6 +77,9 @@ def _worker(rank, world, port, results):
             distributed.masked_mean(wrong, mask[mine] if rank == 0 else torch.ones(wrong.shape, dtype=torch.bool))
         except ValueError as error:
             out["mismatch_error"] = str(error)
+        if world == 1:
+            out["table"] = {(index, backend): _outcome(lambda: row[0](backend))
+                            for index, row in enumerate(TABLE) for backend in TABLE_BACKENDS}
         if world > 1:
             out["faults"] = _faults(rank, world)
             out["fold"] = _fold(rank, world)
@@ -155,6 +159,72 @@ FAULTS = {   # scenario: (exception, fragments; {last} is the last rank)
     "option": ("ValueError", ["ppo_policy_loss: clip_low must be the same on every rank; rank 0 has 0.2, "
                               "rank {last} has 0.3"]),
 }
+
+
+def _table_inputs():
+    x, mask, logp, old_logp = _global_batch()
+    return x[:2], mask[:2], logp[:2], old_logp[:2]
+
+
+def _with_grad(p, grad):
+    p.grad = grad
+    return p
+
+
+def _mean(backend, **changed):
+    x, mask, _, _ = _table_inputs()
+    kwargs = {"x": x, "mask": mask, **changed}
+    return distributed.masked_mean(kwargs["x"], kwargs["mask"], backend=backend)
+
+
+def _whiten(backend, **changed):
+    x, mask, _, _ = _table_inputs()
+    return distributed.masked_whiten(x, mask, backend=backend, **changed)
+
+
+def _loss(backend, **changed):
+    x, mask, logp, old_logp = _table_inputs()
+    kwargs = {"logp": logp, "old_logp": old_logp, "advantages": x, "mask": mask, **changed}
+    return distributed.ppo_policy_loss(**kwargs, backend=backend)
+
+
+TABLE_BACKENDS = ("numpy", "cpu", "ascend", "cuda")    # every row raises before a kernel runs
+TABLE = [  # (call on a backend, exception, message fragment naming the argument), on one rank (world 1)
+    (lambda b: _mean(b, x=[1.0]), TypeError, "masked_mean: x on rank 0 must be a torch.Tensor; got list"),
+    (lambda b: _mean(b, x=torch.tensor(1.0)), ValueError, "x on rank 0 must have at least one dimension"),
+    (lambda b: _mean(b, x=torch.ones(2, T, dtype=torch.complex64)), TypeError, "x on rank 0 must have dtype one of"),
+    (lambda b: _mean(b, x=torch.ones(2, T, device="meta")), ValueError, "x on rank 0 must hold data"),
+    (lambda b: _mean(b, mask=torch.ones(2, T).to_sparse()), TypeError, "mask on rank 0 must be a dense (strided)"),
+    (lambda b: _mean(b, mask=torch.ones(3, T, dtype=torch.bool)), ValueError,
+     "x, mask must have the same number of rows on rank 0; got [2, 3]"),
+    (lambda b: _mean(b, mask=torch.ones(2, T)), TypeError, "mask must have dtype torch.bool"),
+    (lambda b: _mean(b, x=torch.ones(2, T, dtype=torch.int64)), TypeError, "x must be float32, bfloat16 or float16"),
+    (lambda b: _whiten(b, eps=0.0), ValueError, "eps must be finite and in (0.0, inf)"),
+    (lambda b: _whiten(b, eps=1e-45), ValueError, "eps must round to a normal float32"),
+    (lambda b: _whiten(b, eps_mode="max"), ValueError, "eps_mode must be one of"),
+    (lambda b: _whiten(b, shift_mean="yes"), TypeError, "shift_mean must be a bool"),
+    (lambda b: _loss(b, logp=torch.zeros(2, T, 1)), ValueError, "logp must have shape [B, T]"),
+    (lambda b: _loss(b, advantages=torch.zeros(2, T + 1)), ValueError, "advantages must have the shape of logp"),
+    (lambda b: _loss(b, mask=torch.ones(2, T, dtype=torch.int64)), TypeError, "mask must have dtype torch.bool"),
+    (lambda b: _loss(b, clip_low=1.0), ValueError, "clip_low must be in [0, 1)"),
+    (lambda b: _loss(b, clip_high=math.nan), ValueError, "clip_high must be finite"),
+    (lambda b: _loss(b, dual_clip=0.5), ValueError, "dual_clip must be finite and in (1.0, inf)"),
+    (lambda b: _loss(b, ratio_clamp=0.0), ValueError, "ratio_clamp must be finite"),
+    (lambda b: _loss(b, agg="sum"), ValueError, "agg must be one of"),
+    (lambda b: distributed.fold_gradients(5, backend=b), TypeError,
+     "params on rank 0 must be a tensor or an iterable of tensors; got int"),
+    (lambda b: distributed.fold_gradients([torch.zeros(3, dtype=torch.float64)], backend=b), TypeError,
+     "params[0] on rank 0 must have dtype one of torch.float32, torch.bfloat16, torch.float16; got torch.float64"),
+    (lambda b: distributed.fold_gradients([torch.zeros(3), "w"], backend=b), TypeError,
+     "params[1] on rank 0 must be a torch.Tensor; got str"),
+    (lambda b: distributed.fold_gradients(_params([[3]], device="meta"), backend=b), ValueError,
+     "params[0] on rank 0 must hold data"),
+    (lambda b: distributed.fold_gradients(_params([[3]], sparse=True), backend=b), TypeError,
+     "params[0].grad on rank 0 must be a dense (strided) tensor"),
+    (lambda b: distributed.fold_gradients([_with_grad(torch.zeros(3, requires_grad=True), torch.ones(3)),
+                                           torch.zeros(2, device="meta")], backend=b), ValueError,
+     "params[1] on rank 0 must hold data"),
+]
 
 
 def _faults(rank, world):
@@ -271,6 +341,15 @@ def test_bad_arguments_raise_the_same_error_on_every_rank(size, scenario):
     assert name == kind, message
     for fragment in fragments:
         assert fragment.format(last=size - 1) in message, message
+
+
+@pytest.mark.parametrize("backend", TABLE_BACKENDS)
+@pytest.mark.parametrize("index", range(len(TABLE)))
+def test_a_bad_argument_is_named(index, backend):
+    """One row of the table: run in the one-rank world's process, so the group is initialised."""
+    _, kind, fragment = TABLE[index]
+    name, message = _run(1)[0]["table"][(index, backend)]
+    assert name == kind.__name__ and fragment in message, (name, message)
 
 
 @pytest.mark.parametrize("size", [2, 4])
