@@ -49,6 +49,18 @@ def _writable(path):
     return None if os.access(folder, os.W_OK) else f"{path}: folder {folder} is not writable"
 
 
+def _makeable(path):
+    """Why a folder cannot be made (or written) at path, or None: the plots' folder, made with its parents after
+    a long run, is checked before it."""
+    target = Path(path).resolve()
+    if target.exists() and not target.is_dir():
+        return f"{path}: not a folder"
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{path}: {existing} is not a folder"
+    return None if os.access(existing, os.W_OK) else f"{path}: folder {existing} is not writable"
+
+
 # -- compare ------------------------------------------------------------------------
 
 def _compare(args):
@@ -59,6 +71,9 @@ def _compare(args):
             plotting.pyplot()
         except ImportError as error:
             return _fail("compare", f"--plots: {error}")
+        why = _makeable(args.plots)
+        if why:
+            return _fail("compare", f"--plots {why}")
     why = _writable(args.out)
     if why:
         return _fail("compare", f"--out {why}")
@@ -198,10 +213,11 @@ def _demo(args):
         try:
             plots.pyplot()
         except ImportError as error:
-            raise SystemExit(f"bitparity demo: --plots: {error}") from error
-    why = args.json and _writable(args.json)
-    if why:
-        return _fail("demo", f"--json {why}")
+            return _fail("demo", f"--plots: {error}")
+    for option, why in (("--plots", args.plots is not None and _makeable(args.plots)),
+                        ("--json", args.json and _writable(args.json))):
+        if why:
+            return _fail("demo", f"{option} {why}")
     topics = list(TOPICS) if args.topic == "all" else [args.topic]
     results = {}
     for topic in topics:
@@ -243,6 +259,9 @@ def _probe(args):
     refused = args.backend != "cpu" and _unavailable("probe", [args.backend])
     if refused:
         return refused
+    why = args.out and _writable(args.out)
+    if why:
+        return _fail("probe", f"--out {why}")
     _print_or_write(probe.render(probe.probe(args.backend), args.format, args.backend), args.out)
     return 0
 
@@ -261,6 +280,9 @@ def _bench(args):
     refused = _unavailable("bench", args.backend or ())
     if refused:
         return refused
+    why = args.out and _writable(args.out)
+    if why:
+        return _fail("bench", f"--out {why}")
     backends = args.backend or [b for b in bench.BENCH_BACKENDS if availability(b)[0]]
     try:
         bench.check(backends, args.op or list(ALL_OPS), cli_common.tier(args), args.repeats, args.warmup)

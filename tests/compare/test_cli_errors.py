@@ -66,3 +66,19 @@ def test_compare_refuses_a_seed_outside_int64_before_running(seed, monkeypatch, 
     monkeypatch.setattr(cli, "compare", lambda **kwargs: pytest.fail("compare ran despite bad arguments"))
     _fails(["compare", "--seed", seed, "--out", str(tmp_path / "run.json")], capsys, "--seed must be in [0, 2**63)",
            seed)
+
+
+def test_output_paths_are_checked_before_running(monkeypatch, tmp_path, capsys):
+    """--plots and --out that cannot be written are refused before the run (they used to fail after it)."""
+    monkeypatch.setattr(cli, "compare", lambda **kwargs: pytest.fail("compare ran despite bad arguments"))
+    monkeypatch.setattr(cli.probe, "probe", lambda *a: pytest.fail("probe ran despite bad arguments"))
+    monkeypatch.setattr(cli.bench, "run", lambda *a, **k: pytest.fail("bench ran despite bad arguments"))
+    for plots in (cli.plotting, importlib.import_module("bitparity.demo.plots")):     # with or without matplotlib
+        monkeypatch.setattr(plots, "pyplot", lambda: None)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    _fails(["compare", "--out", str(tmp_path / "run.json"), "--plots", str(a_file / "plots")], capsys,
+           "--plots", "is not a folder")
+    _fails(["probe", "--out", str(tmp_path / "no" / "report.md")], capsys, "--out", "no folder")
+    _fails(["bench", "--backend", "cpu", "--out", str(tmp_path / "no" / "bench.md")], capsys, "--out", "no folder")
+    _fails(["demo", "order", "--plots", str(a_file)], capsys, "--plots", "not a folder")
