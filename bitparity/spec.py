@@ -8,12 +8,17 @@ patterns: the bits are the definition, the decimal in the comment is a label.
 
 import struct
 
-SPEC_VERSION = "1.7.0"
+SPEC_VERSION = "2.0.0"
 
 # -- Reduction structure (spec section 3) ------------------------------------
 LANES = 1024          # L: lane j of a segment sums x[j], x[j+L], ... in sequence
 SEGMENT = 16384       # S: elements per segment, a multiple of LANES
 NEG_ZERO_BITS = 0x80000000   # -0.0, the exact additive identity used as padding
+
+# -- linear (spec sections 24.1, 29.2) -------------------------------------------
+LINEAR_BX = 29        # bits of a quantised x entry (sign included): RNE(x * 2^(BX-2-E)), |Q| <= 2^(BX-1)
+LINEAR_BW = 29        # the same for a weight entry (and for g, x in the backward)
+LINEAR_GRAD_BLOCK = 32   # T_b: dW and db are exact over blocks of this many rows, then row-folded across blocks
 
 # -- exp (spec section 5) -----------------------------------------------------
 EXP_HI_BITS = 0x42B17217     # 88.7228317: largest x with finite exp(x)
