@@ -724,18 +724,137 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
 
 # -- Model building blocks (spec 24) ----------------------------------------------
 
-_LINEAR_ROWS_PER_PASS = 64   # bounds the [rows, N, K] product array; rows are independent, so bits do not depend on it
+# linear (spec 24.1) is exact integer arithmetic. The exact sums S are formed from 15-bit digits multiplied in
+# binary64 matrix products: every digit, product and partial sum is an integer below 2^53, so every binary64
+# operation on them is exact in any order, and the products are read back as int64. Nothing is rounded until
+# _round_scaled rounds S once, with integer operations.
+_DIGIT_BITS = 15
+_EXACT_K = 1 << 24        # K per binary64 product: |digit products| <= 2^28, so partial sums stay below 2^52
+_LIMB_BITS = 30           # S = hi * 2^30 + lo with 0 <= lo < 2^30, both int64
+
+
+def _bit_length(v):
+    """int64 [...] >= 0 -> the number of significant bits (0 for 0), by shifts and compares."""
+    v = v.astype(np.int64)
+    n = np.zeros(v.shape, dtype=np.int64)
+    for shift in (32, 16, 8, 4, 2, 1):
+        big = v >= (np.int64(1) << shift)
+        n = np.where(big, n + shift, n)
+        v = np.where(big, v >> shift, v)
+    return n + (v > 0)
+
+
+def _rne_shift(m, r):
+    """m in [0, 2^63) and r >= 0 (int64 arrays) -> RNE(m / 2^r), ties to even (0 for r >= 64)."""
+    s = np.clip(r, 1, 63)
+    q = m >> s
+    rem = m - (q << s)
+    half = np.int64(1) << (s - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    return np.where(r == 0, m, np.where(r >= 64, np.int64(0), q))
+
+
+def quantise_rows(v, bits):
+    """v [R, K] binary32 -> (Q int64 [R, K], E int64 [R], finite bool [R]) (spec 24.1): E the largest exponent
+    e(v) = floor(log2|v|) of the row's nonzero entries, read from the bit patterns (subnormals by the bit length of
+    their significand), and Q = RNE(v * 2^(bits - 2 - E)) in [-2^(bits-1), 2^(bits-1)]. An all-zero row has E = 0
+    and Q = 0. A row holding NaN or +-inf is not finite; its Q and E are 0 (spec 24.1 decides its outputs)."""
+    finite = np.all(np.isfinite(v), axis=1)
+    pattern = np.where(np.isfinite(v), v, F32(0.0)).view(I32).astype(np.int64)
+    magnitude = pattern & 0x7FFFFFFF
+    biased = magnitude >> 23
+    fraction = magnitude & 0x7FFFFF
+    normal = biased >= 1
+    m = np.where(normal, fraction | 0x800000, fraction)                    # |v| = m * 2^s
+    s = np.where(normal, biased - 150, np.int64(-149))
+    e = np.where(normal, biased - 127, _bit_length(fraction) - 150)
+    nonzero = magnitude != 0
+    exponent = np.max(np.where(nonzero, e, np.int64(-1 << 20)), axis=1, initial=-1 << 20)
+    exponent = np.where(np.any(nonzero, axis=1), exponent, np.int64(0))
+    t = s + (bits - 2) - exponent[:, None]                                  # |Q| = RNE(m * 2^t)
+    q = np.where(t >= 0, m << np.clip(t, 0, 62), _rne_shift(m, np.maximum(-t, 0)))
+    q = np.where(pattern < 0, -q, q)
+    return q, exponent, finite
+
+
+def _digits(q):
+    """int64 Q, |Q| <= 2^30 -> (high, low) binary64 with Q = high * 2^15 + low, low in [-2^14, 2^14)."""
+    low = ((q + (1 << (_DIGIT_BITS - 1))) & ((1 << _DIGIT_BITS) - 1)) - (1 << (_DIGIT_BITS - 1))
+    return ((q - low) >> _DIGIT_BITS).astype(np.float64), low.astype(np.float64)
+
+
+def exact_products(qx, qw):
+    """Qx [M, K], Qw [N, K] int64 -> (hi, lo) int64 [M, N] with S = sum_k Qx[m, k] Qw[n, k] = hi * 2^30 + lo,
+    0 <= lo < 2^30, exactly: four digit products per K chunk (each exact, see above), carried into two limbs."""
+    m, n = qx.shape[0], qw.shape[0]
+    hi, lo = np.zeros((m, n), dtype=np.int64), np.zeros((m, n), dtype=np.int64)
+    for start in range(0, max(qx.shape[1], 1), _EXACT_K):
+        xh, xl = _digits(qx[:, start:start + _EXACT_K])
+        wh, wl = _digits(qw[:, start:start + _EXACT_K])
+        p_hh = (xh @ wh.T).astype(np.int64)                                  # weight 2^30
+        p_mid = (xh @ wl.T).astype(np.int64) + (wh @ xl.T).T.astype(np.int64)   # weight 2^15
+        p_ll = (xl @ wl.T).astype(np.int64)                                  # weight 1
+        low = lo + (p_ll & ((1 << _LIMB_BITS) - 1)) + ((p_mid & ((1 << _DIGIT_BITS) - 1)) << _DIGIT_BITS)
+        hi = hi + p_hh + (p_ll >> _LIMB_BITS) + (p_mid >> _DIGIT_BITS) + (low >> _LIMB_BITS)
+        lo = low & ((1 << _LIMB_BITS) - 1)
+    return hi, lo
+
+
+def round_scaled(hi, lo, p):
+    """(hi, lo) int64 [...] holding S = hi * 2^30 + lo, p int64 [...] -> binary32 [...]: S * 2^p rounded once to
+    nearest, ties to even, on the subnormal grid below 2^-126, +-inf from 2^128 (1 - 2^-25) up; +0.0 for S = 0
+    (spec 24.1). Integer work only: |S| is cut to its top 62 bits (the bits below kept as a sticky bit), shifted
+    right with round-half-even to 24 bits (fewer on the subnormal grid), and packed with its exponent."""
+    negative = hi < 0
+    borrow = negative & (lo > 0)                                             # |S| = mag_hi * 2^30 + mag_lo
+    mag_hi = np.where(negative, -hi - borrow, hi)
+    mag_lo = np.where(borrow, (1 << _LIMB_BITS) - lo, np.where(negative, np.int64(0), lo))
+    length = np.where(mag_hi > 0, _bit_length(mag_hi) + _LIMB_BITS, _bit_length(mag_lo))
+    drop = np.maximum(length - 62, 0)                                        # < 30: mag_hi < 2^52
+    window = (mag_hi << (_LIMB_BITS - drop)) | (mag_lo >> drop)              # |S| >> drop, below 2^62
+    sticky = ((mag_lo & ((np.int64(1) << drop) - 1)) != 0).astype(np.int64)
+    r = np.maximum(length - 24, -149 - p)                                    # the result's lsb is 2^(r + p)
+    shift = r - drop                                                         # > 0 wherever drop > 0
+    # The dropped bits enter as one sticky bit below the window: a tie can then only be a true tie.
+    q = np.where(shift <= 0, window << np.clip(-shift, 0, 62), _rne_shift((window << 1) | sticky, shift + 1))
+    pattern = ((r + p + 149) << 23) + q                                      # q = 2^24 carries into the exponent
+    pattern = np.where(length == 0, np.int64(0), np.minimum(pattern, np.int64(0x7F800000)))
+    pattern = np.where(negative, pattern | 0x80000000, pattern)
+    return pattern.astype(np.uint32).view(F32)
+
+
+def _nonfinite_pairs(x, weight):
+    """x [M, K], weight [N, K] -> (special bool [M, N], value binary32 [M, N]): the pairs whose x row or weight
+    row holds NaN or +-inf, and their IEEE result over the exact products (spec 24.1): NaN if a product is NaN
+    (a NaN factor or +-inf * +-0) or +inf and -inf both occur, else the infinity the products hold. Counts of
+    0/1 indicators are exact in binary64 products."""
+    special = (~np.all(np.isfinite(x), axis=1))[:, None] | (~np.all(np.isfinite(weight), axis=1))[None, :]
+    value = np.zeros(special.shape, dtype=F32)
+    if not special.any():
+        return special, value
+    def count(a, b):
+        return (a.astype(np.float64) @ b.astype(np.float64).T) > 0
+    x_inf, w_inf = np.isinf(x), np.isinf(weight)
+    nan = (count(np.isnan(x), np.ones_like(weight, dtype=bool)) | count(np.ones_like(x, dtype=bool), np.isnan(weight))
+           | count(x_inf, weight == 0) | count(x == 0, w_inf))
+    x_pos, x_neg, w_pos, w_neg = x > 0, x < 0, weight > 0, weight < 0
+    pos = count(x_inf & x_pos, w_pos) | count(x_inf & x_neg, w_neg) | count(x_pos, w_inf & w_pos) | count(x_neg, w_inf & w_neg)
+    neg = count(x_inf & x_pos, w_neg) | count(x_inf & x_neg, w_pos) | count(x_pos, w_inf & w_neg) | count(x_neg, w_inf & w_pos)
+    value = np.where(nan | (pos & neg), F32(np.nan), np.where(pos, POS_INF, NEG_INF))
+    return special, value
 
 
 def linear(x, weight, bias):
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N]: y = canonical_sum_k(RN(x_k * w_k)) (+ b) (spec 24.1)."""
-    m, k = x.shape
-    n = weight.shape[0]
-    out = np.empty((m, n), dtype=F32)
-    for start in range(0, m, _LINEAR_ROWS_PER_PASS):
-        rows = x[start:start + _LINEAR_ROWS_PER_PASS]
-        products = rows[:, None, :] * weight[None, :, :]                 # [rows, N, K], each rounded once
-        out[start:start + len(rows)] = canonical_sum(products.reshape(-1, k)).reshape(len(rows), n)
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N] (spec 24.1): the exact integer product of the rows'
+    29-bit quantisations, rounded once to binary32 (+0.0 for an exact zero); pairs with a non-finite row take
+    their IEEE value; then the bias, one add."""
+    qx, ex, _ = quantise_rows(x, spec.LINEAR_BX)
+    qw, ew, _ = quantise_rows(weight, spec.LINEAR_BW)
+    hi, lo = exact_products(qx, qw)
+    p = ex[:, None] + ew[None, :] - (spec.LINEAR_BX - 2) - (spec.LINEAR_BW - 2)
+    out = round_scaled(hi, lo, p)
+    special, value = _nonfinite_pairs(x, weight)
+    out = np.where(special, value, out)
     return out if bias is None else out + bias[None, :]
 
 
@@ -815,11 +934,16 @@ def row_fold(c):
 
 
 def weight_grad(x, g, positions, rows):
-    """x [M, K], g [M, N] -> [N, K]: dW[n, k] = the row fold over `rows` leaves of g[i, n] * x[i, k] at
-    positions[i] (spec 29.1, 29.2)."""
-    m, k = x.shape
-    products = (g[:, :, None] * x[:, None, :]).reshape(m, -1)                # [M, N*K], each rounded once
-    return fold_rows(products, np.zeros(m, dtype=np.int64), positions, rows, 1)[0].reshape(g.shape[1], k)
+    """x [M, K], g [M, N] -> [N, K] (spec 29.2): rows at positions (distinct, below `rows`) fall in blocks of
+    LINEAR_GRAD_BLOCK positions; each block with rows gives linear(g_b^T, x_b^T), the exact sum over its rows
+    rounded once; the blocks are row-folded (spec 29.1), a block without rows being the fold's -0.0."""
+    block = np.asarray(positions, dtype=np.int64) // spec.LINEAR_GRAD_BLOCK
+    present = np.unique(block)
+    parts = np.stack([linear(np.ascontiguousarray(g[block == j].T), np.ascontiguousarray(x[block == j].T), None)
+                      .reshape(-1) for j in present]) if len(present) else np.zeros((0, g.shape[1] * x.shape[1]), F32)
+    n_blocks = -(-int(rows) // spec.LINEAR_GRAD_BLOCK)
+    return fold_rows(parts, np.zeros(len(present), dtype=np.int64), present, n_blocks, 1)[0].reshape(g.shape[1],
+                                                                                                   x.shape[1])
 
 
 def _rms_stats(x, eps):
