@@ -155,7 +155,8 @@ def _rows(n, device):
 
 
 def weight_grad(module, x, g, positions=None, rows=None):
-    """Spec 29.1-29.2: the row fold of g[i, n] * x[i, k] over the rows (at positions, default 0 ... M-1)."""
+    """Spec 29.2: dW over blocks of spec.LINEAR_GRAD_BLOCK rows (at positions, default 0 ... M-1), each block's
+    exact product rounded once, the blocks row-folded (spec 29.1)."""
     if positions is None:
         positions, rows = _rows(x.shape[0], x.device), x.shape[0]
     return _backend_function(module, "weight_grad")(x, g, positions, rows)
@@ -173,7 +174,9 @@ def _linear(module, args, outs, grads, needs):
     g = _dense(grads[0])
     dx = module.linear(g, weight.t().contiguous(), None) if needs[0] else None
     dw = weight_grad(module, x, g) if needs[1] else None
-    db = row_fold(module, g) if bias is not None and needs[2] else None          # spec 29.2: the row fold of g
+    # spec 29.2: db is dW's block rule with x a column of ones (which quantises exactly)
+    ones = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    db = weight_grad(module, ones, g)[:, 0] if bias is not None and needs[2] else None
     return dx, dw, db
 
 

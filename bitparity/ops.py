@@ -677,13 +677,15 @@ def _check_param(name, t, shape, like_name, like):
 
 
 def linear(x, weight, bias=None, *, backend=None):
-    """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N], each output the canonical sum over K of the
-    rounded products x_k * w_k (spec 24.1): the same bits for any number of rows and any tiling. No + 0.0: an
-    all -0.0 product row stays -0.0; NaN and inf propagate as IEEE arithmetic has them.
+    """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] (spec 24.1, 2.0.0): each row of x and of weight
+    quantised to 29-bit integers against its largest exponent, their exact integer product rounded once to
+    float32, then the bias (one add). The same bits for any number of rows, any tiling and any exact integer
+    method. An exact zero is +0.0; a row holding NaN or inf gives its pairs' IEEE value (NaN or inf).
 
     Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
     and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
-    Differentiable in x, weight and bias (spec 29.2; weight and bias by the row fold of 29.1)."""
+    Differentiable in x, weight and bias (spec 29.2: dx the same product; weight and bias exact over blocks of
+    32 rows, then the row fold of 29.1 across blocks)."""
     _check_float_tensor("x", x, 1)
     _check_on("weight", weight, "x's", x.device)
     _check_float_tensor("weight", weight, 2)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from . import ops
+from . import ops, spec
 from .backends import resolve as _resolve
 from .reference.canonical import sqrt32
 
@@ -310,7 +310,8 @@ class GradientFold:
     backward, with the number of rows every op of that backward folded (for a model: sequences x padded length;
     it takes every parameter's .grad and clears it), and `finish()` after the last (it writes the folded
     gradient to .grad). The result is the bits of one backward over all rows when the micro-batches are
-    consecutive blocks of the same power-of-two number of rows, the last possibly shorter; `add` refuses any
+    consecutive blocks of the same power-of-two number of rows, at least spec.LINEAR_GRAD_BLOCK (linear's weight
+    gradient is exact over blocks of that many rows, spec 29.2), the last possibly shorter; `add` refuses any
     other layout, before it changes anything. Parameters must be float32: a bf16 parameter's .grad is rounded
     to bf16 by each micro-batch's backward, so no fold of them is one backward's bits.
     A binary counter: two partials of the same size are added (left + right) as soon as both exist, so at
@@ -343,6 +344,10 @@ class GradientFold:
                 raise ValueError(f"GradientFold.add: this micro-batch has {rows} rows, more than the first's "
                                  f"{first}: every micro-batch but the last must have the same power-of-two number "
                                  f"of rows, the last at most as many (spec 29.1)")
+            if first < spec.LINEAR_GRAD_BLOCK:
+                raise ValueError(f"GradientFold.add: the first micro-batch had {first} rows, fewer than the "
+                                 f"{spec.LINEAR_GRAD_BLOCK} of a linear gradient block: with several micro-batches "
+                                 f"each must hold whole blocks (spec 29.2), or the fold is not one backward's")
         for i, p in enumerate(self.params):
             _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
         grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]

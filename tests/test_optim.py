@@ -9,6 +9,7 @@ import torch
 
 import bitparity as bp
 from bitparity import optim
+from bitparity.backends import _module
 
 
 def _bits(t):
@@ -75,23 +76,34 @@ def test_clip_grad_norm_same_bits_and_torchs_value(any_backend):
 
 
 def test_gradient_fold_is_micro_batch_invariant_and_torch_accumulation_is_not():
+    # Micro-batches of whole 32-row blocks (spec 29.2) fold to one backward's bits, weight and bias; folding
+    # micro-batches of 16 rows (which GradientFold refuses) and torch's left-to-right .grad += do not.
     gen = torch.Generator().manual_seed(4)
-    x, g = torch.randn(32, 24, generator=gen), torch.randn(32, 16, generator=gen)
+    x, g = torch.randn(256, 24, generator=gen), torch.randn(256, 16, generator=gen)
     w = torch.nn.Parameter(torch.randn(16, 24, generator=gen))
-    bp.linear(x, w, backend="numpy").backward(g)
-    whole = w.grad.clone()
-    for micro in (1, 4, 8, 16, 32):
-        w.grad = None
-        fold = optim.GradientFold([w])
-        for i in range(0, 32, micro):
-            bp.linear(x[i:i + micro], w, backend="numpy").backward(g[i:i + micro])
+    b = torch.nn.Parameter(torch.randn(16, generator=gen))
+    bp.linear(x, w, b, backend="numpy").backward(g)
+    whole = [w.grad.clone(), b.grad.clone()]
+    for micro in (32, 64, 128, 256):
+        w.grad = b.grad = None
+        fold = optim.GradientFold([w, b])
+        for i in range(0, 256, micro):
+            bp.linear(x[i:i + micro], w, b, backend="numpy").backward(g[i:i + micro])
             fold.add(micro)
         fold.finish()
-        assert torch.equal(_bits(w.grad), _bits(whole)), micro
+        assert torch.equal(_bits(w.grad), _bits(whole[0])) and torch.equal(_bits(b.grad), _bits(whole[1])), micro
+    halves = []
+    for i in range(0, 256, 16):                                   # blocks cut in two: other roundings
+        w.grad = None
+        bp.linear(x[i:i + 16], w, backend="numpy").backward(g[i:i + 16])
+        halves.append(w.grad.reshape(-1).clone())
+    assert not torch.equal(_bits(_module("numpy").fold_rows(
+        torch.stack(halves), torch.zeros(16, dtype=torch.int64), torch.arange(16), 16, 1)[0].reshape(16, 24)),
+        _bits(whole[0]))
     w.grad = None
-    for i in range(0, 32, 4):                                     # torch's own accumulation: left to right
-        bp.linear(x[i:i + 4], w, backend="numpy").backward(g[i:i + 4])
-    assert not torch.equal(_bits(w.grad), _bits(whole))
+    for i in range(0, 256, 32):                                   # torch's own accumulation: left to right
+        bp.linear(x[i:i + 32], w, backend="numpy").backward(g[i:i + 32])
+    assert not torch.equal(_bits(w.grad), _bits(whole[0]))
 
 
 def test_bad_arguments_are_named():
@@ -314,10 +326,10 @@ def test_a_step_that_would_overflow_is_refused_before_anything_changes():
 
 
 def test_gradient_fold_counts_any_number_of_micro_batches_and_a_shorter_last():
-    """3 micro-batches of 4 rows, and 4 + 4 + 3 rows: the fold pads with -0.0 subtrees, so both are one
+    """3 micro-batches of 32 rows, and 32 + 32 + 26 rows: the fold pads with -0.0 subtrees, so both are one
     backward's bits (spec 29.1); so is one micro-batch of any size."""
     gen = torch.Generator().manual_seed(5)
-    for total, micro in ((12, 4), (11, 4), (7, 7)):
+    for total, micro in ((96, 32), (90, 32), (7, 7)):
         x, g = torch.randn(total, 8, generator=gen), torch.randn(total, 4, generator=gen)
         w = torch.nn.Parameter(torch.randn(4, 8, generator=gen))
         bp.linear(x, w, backend="numpy").backward(g)
@@ -332,10 +344,12 @@ def test_gradient_fold_counts_any_number_of_micro_batches_and_a_shorter_last():
 
 def test_gradient_fold_refuses_layouts_that_are_not_one_backward_before_taking_the_gradient():
     """3 + 3 rows fold as ((c0+c1)+(c2+-0)) + ((c3+c4)+(c5+-0)), not one call's ((c0+c1)+(c2+c3)) + ((c4+c5)+-0):
-    the second add is refused and .grad is left where it was; so are a larger and a second shorter micro-batch."""
+    the second add is refused and .grad is left where it was; so are a larger and a second shorter micro-batch,
+    and micro-batches of fewer rows than a linear gradient block (spec 29.2)."""
     w = torch.nn.Parameter(torch.zeros(2))
-    for rows, message in (((3, 3), "not a power of two"), ((4, 8), "more than the first's 4"),
-                          ((4, 2, 2), "only the last micro-batch may be shorter")):
+    for rows, message in (((3, 3), "not a power of two"), ((32, 64), "more than the first's 32"),
+                          ((64, 32, 32), "only the last micro-batch may be shorter"),
+                          ((16, 16), "fewer than the 32 of a linear gradient block")):
         fold = optim.GradientFold([w])
         for k, r in enumerate(rows):
             w.grad = torch.full((2,), float(k + 1))

@@ -100,6 +100,11 @@ def _weight_grad_calls(rng):
         out.append((f"M={m}", (_values(rng, m, 37, specials=m == 5), _values(rng, m, 9), torch.arange(m), m)))
     # K = 300: ascend k tiles of 256 and 44; N = 6 > 1024 / 256 = 4 rows of n per tile
     out.append(("M=7 K=300 N=6", (_values(rng, 7, 300), _values(rng, 7, 6), torch.arange(7), 7)))
+    # Spec 29.2's blocks of 32 rows: four blocks, the last of 4 rows, one holding specials; and 40 rows spread
+    # over 200 positions, blocks without rows between them (-0.0 leaves of the fold)
+    out.append(("M=100 blocks", (_values(rng, 100, 37, specials=True), _values(rng, 100, 9), torch.arange(100), 100)))
+    positions = torch.from_numpy(np.sort(rng.choice(np.arange(200), 40, replace=False)))
+    out.append(("M=40 blocks in 200", (_values(rng, 40, 6), _values(rng, 40, 3), positions, 200)))
     # An expert's rows in a MoE: the tokens that chose it, from position 3 to the last of rows.
     for m, rows in ((6, 20), (11, 1000)):
         positions = torch.from_numpy(np.append(np.sort(rng.choice(np.arange(3, rows - 1), m - 1, replace=False)),

@@ -41,7 +41,9 @@ from pathlib import Path
 import torch
 
 from ... import spec
+from .. import linear_grad
 from .._build import build_shared_library, find_compiler
+from . import int_linear as _linear
 
 NAME = "cpu"
 
@@ -117,8 +119,6 @@ _SIGNATURES = {
     "bp_filter_logits": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _INT], _INT),
     # x, rows, n, scale, top_k, top_p, min_p, greedy, seeds, positions, out, threads
     "bp_sample": ([_P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT], _INT),
-    # x, weight, bias, M, K, N, out, threads
-    "bp_linear": ([_P, _P, _P, _I64, _I64, _I64, _P, _INT], _INT),
     # x, weight, rows, D, eps, out, threads
     "bp_rms_norm": ([_P, _P, _I64, _I64, _F32, _P, _INT], _INT),
     # x, cos, sin, rows, D, out, threads
@@ -148,8 +148,6 @@ _SIGNATURES = {
     # Training (spec 29)
     # c, segments, positions, M, F, rows, n_segments, out, threads
     "bp_fold_rows": ([_P, _P, _P, _I64, _I64, _I64, _I64, _P, _INT], _INT),
-    # x, g, positions, M, K, N, rows, out, threads
-    "bp_weight_grad": ([_P, _P, _P, _I64, _I64, _I64, _I64, _P, _INT], _INT),
     # x, weight, g, rows, D, eps, dx, terms, threads
     "bp_rms_norm_backward": ([_P, _P, _P, _I64, _I64, _F32, _P, _P, _INT], _INT),
     # gate, up, g, n, d_gate, d_up, threads
@@ -218,7 +216,7 @@ class Build:
         self.path = build_shared_library(f"bitparity_cpu_{self.isa.lower().replace('-', '')}",
                                          _compiler(), SOURCES, HEADERS, self.flags)
         self._lib = ctypes.CDLL(str(self.path))
-        for fname, (argtypes, restype) in _SIGNATURES.items():
+        for fname, (argtypes, restype) in {**_SIGNATURES, **_linear.SIGNATURES}.items():
             fn = getattr(self._lib, fname)
             fn.argtypes, fn.restype = argtypes, restype
 
@@ -323,11 +321,7 @@ class Build:
         return out
 
     def linear(self, x, weight, bias):
-        (m, k), n = x.shape, weight.shape[0]
-        out = torch.empty((m, n), dtype=torch.float32)
-        _check(self._lib.bp_linear(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                                   m, k, n, out.data_ptr(), _threads(m * k * n)))
-        return out
+        return _linear.linear(self._lib, x, weight, bias, _threads(16 * x.shape[0] * x.shape[1] * weight.shape[0]))
 
     def rms_norm(self, x, weight, eps):
         out = torch.empty_like(x)
@@ -427,11 +421,7 @@ class Build:
         return out
 
     def weight_grad(self, x, g, positions, rows):
-        (m, k), n = x.shape, g.shape[1]
-        out = torch.empty((n, k), dtype=torch.float32)
-        _check(self._lib.bp_weight_grad(x.data_ptr(), g.data_ptr(), positions.data_ptr(), m, k, n, rows,
-                                        out.data_ptr(), _threads(m * k * n)))
-        return out
+        return linear_grad.weight_grad(self.linear, x, g, positions, rows)
 
     def rms_norm_backward(self, x, weight, eps, g):
         dx, terms = torch.empty_like(x), torch.empty_like(x)

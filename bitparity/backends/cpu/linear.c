@@ -1,266 +1,215 @@
-/* linear (spec 24.1) for the `cpu` backend, and its weight's gradient (spec 29.2; its input's gradient is
- * linear itself, of g by the transposed weight).  canonical.h says why the bits cannot depend on the build. */
+/* linear (spec 24.1, 2.0.0) for the `cpu` backend: the exact integer product of the rows' fixed-point
+ * quantisations, rounded once.  Three steps, the middle one an integer GEMM chosen in linear.py:
+ *
+ *   bp_linear_quantise  rows of binary32 -> Q = RNE(v * 2^(B-2-E)) as four balanced int8 digits per entry,
+ *                       d0 + 2^8 d1 + 2^16 d2 + 2^24 d3 = Q, each d in [-128, 127], stored slice-major
+ *                       ([4][rows][k]), with the row's exponent E and whether it is finite;
+ *   (the GEMM)          P[i][j] = digits_i(x) . digits_j(w) over k for the 16 slice pairs, int32: exact, since
+ *                       |d d'| <= 2^14 and the caller cuts k into chunks of at most LINEAR_CHUNK_K terms;
+ *   bp_linear_round     S = sum over chunks and pairs of P[i][j] * 2^(8(i+j)) in a 128-bit integer (exact:
+ *                       |S| <= k 2^56), rounded once to binary32 at 2^(Ex + Ew - (B-2) - (B-2)), pairs with a
+ *                       non-finite row given their IEEE value instead, then the bias (one add).
+ *
+ * Integer addition is associative, so neither the GEMM's order nor the thread split can change a bit. */
 
-#include "dot_panels.h"
-#include "row_fold.h"
+#include "canonical.h"
 
-/* linear's kernel: a tile of TILE_ROWS rows of x by one panel's PANEL outputs, each output its own canonical
- * sum, held in registers as one PANEL-wide vector per row (gcc's vector extension: element-wise IEEE ops,
- * uncontracted under -ffp-contract=off, split into narrower registers on narrower ISAs).  Instead of the
- * halving tree's level order the tree is evaluated depth first, which needs log2(W) + 1 live vectors per
- * row instead of W: the tree over lanes base + stride * t, t < w, is
- *   T(base, stride, w) = T(base, 2 stride, w/2) + T(base + stride, 2 stride, w/2)
- * (its last level, h = 1, adds the sum of the even positions to the sum of the odd ones; each of those is
- * the same tree over half the lanes).  A subtree whose lanes all lie past the data is -0.0, so its add is
- * the identity and is skipped.  A lane (leaf) is its chunk accumulation: the terms j, j + LANES, ... of
- * the segment in sequence, the first one exact (-0.0 + p = p). */
-#define TILE_ROWS 4
-#define TILE_TREE_LEAVES 64
+__extension__ typedef __int128 i128;
+__extension__ typedef unsigned __int128 u128;
 
-/* aligned(4): scratch comes from malloc, which guarantees less than the vector's own 64 bytes */
-typedef float panel_vec __attribute__((vector_size(PANEL * sizeof(float)), aligned(4)));
+/* RNE(m / 2^r) for m < 2^24 and r >= 1: ties to even; 0 once r >= 25 (m / 2^25 < 1/2). */
+ALWAYS_INLINE uint32_t rne_shift24(uint32_t m, int r)
+{
+    if (r >= 25)
+        return 0;
+    uint32_t q = m >> r, rem = m & ((1u << r) - 1), half = 1u << (r - 1);
+    return q + (rem > half || (rem == half && (q & 1)));
+}
 
-struct tile {
-    panel_vec row[TILE_ROWS];
+/* e(v) = floor(log2 |v|) of a nonzero finite pattern (sign cleared): the exponent field, or for a subnormal
+ * the bit length of its fraction minus 150. */
+ALWAYS_INLINE int exponent_of(uint32_t a)
+{
+    int biased = (int)(a >> 23);
+    return biased ? biased - 127 : (32 - __builtin_clz(a)) - 150;
+}
+
+struct quantise_job {
+    const float *v;
+    int64_t rows, k;
+    int bits;
+    int8_t *digits;
+    int32_t *exponent;
+    uint8_t *finite;
 };
 
-/* One segment of the tile's sums: x[r] + s (r < rows) and panel + s * PANEL, len terms. */
-struct tile_segment {
-    const float *x[TILE_ROWS];
-    const float *panel;
-    int64_t len;
-};
-
-ALWAYS_INLINE panel_vec load_panel_vec(const float *p)
+static void quantise_span(const void *ctx, int64_t begin, int64_t end)
 {
-    panel_vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* Lane j of rows [0:rows): the products of terms j, j + LANES, ... (< len) accumulated in sequence. */
-ALWAYS_INLINE struct tile tile_lane(const struct tile_segment *s, int rows, int64_t j)
-{
-    struct tile t = {{{0}}};   /* rows past `rows` are never read; zero keeps them defined */
-    panel_vec wj = load_panel_vec(s->panel + j * PANEL);
-    for (int r = 0; r < rows; r++)
-        t.row[r] = s->x[r][j] * wj;
-    for (int64_t c = j + BP_LANES; c < s->len; c += BP_LANES) {
-        panel_vec wc = load_panel_vec(s->panel + c * PANEL);
-        for (int r = 0; r < rows; r++)
-            t.row[r] = t.row[r] + s->x[r][c] * wc;
-    }
-    return t;
-}
-
-#define TILE_TREE_1(s, rows, base, stride) tile_lane(s, rows, base)
-
-/* T(base, stride, w) for w = 2 * half, as above; defined for w = 2, 4, ..., TILE_TREE_LEAVES. */
-#define DEFINE_TILE_TREE(w, half)                                                                             \
-    ALWAYS_INLINE struct tile tile_tree_##w(const struct tile_segment *s, int rows, int64_t base, int64_t stride) \
-    {                                                                                                         \
-        struct tile even = TILE_TREE_##half(s, rows, base, 2 * stride);                                      \
-        if (base + stride >= s->len)                                                                          \
-            return even;                                                                                      \
-        struct tile odd = TILE_TREE_##half(s, rows, base + stride, 2 * stride);                              \
-        for (int r = 0; r < rows; r++)                                                                        \
-            even.row[r] = even.row[r] + odd.row[r];                                                           \
-        return even;                                                                                          \
-    }
-DEFINE_TILE_TREE(2, 1)
-#define TILE_TREE_2 tile_tree_2
-DEFINE_TILE_TREE(4, 2)
-#define TILE_TREE_4 tile_tree_4
-DEFINE_TILE_TREE(8, 4)
-#define TILE_TREE_8 tile_tree_8
-DEFINE_TILE_TREE(16, 8)
-#define TILE_TREE_16 tile_tree_16
-DEFINE_TILE_TREE(32, 16)
-#define TILE_TREE_32 tile_tree_32
-DEFINE_TILE_TREE(64, 32)
-
-/* Depth-first subtrees of a segment of len terms: W / 64 for W = lane_width(len) > 64, else 1. */
-static int64_t tile_subtrees(int64_t len)
-{
-    int64_t w = lane_width(len);
-    return w > TILE_TREE_LEAVES ? w / TILE_TREE_LEAVES : 1;
-}
-
-/* Floats of scratch linear_tile needs for sums of k terms: the subtrees of one segment, then the segment
- * partials, each a tile. */
-static int64_t tile_scratch_size(int64_t k)
-{
-    return (tile_subtrees(k) + next_pow2((k + BP_SEGMENT - 1) / BP_SEGMENT)) * TILE_ROWS * PANEL;
-}
-
-/* The tile's row r, column c: dot(x[r], panel column c), for r < rows.  Per segment of len terms the tree
- * over W = lane_width(len) lanes (the segment's LANES lanes give the same bits, spec 3.2) is the halving
- * tree over its top W / 64 subtrees (lanes b + (W / 64) t), each computed depth first in registers
- * (W <= 64: one subtree over 64 lanes, the top ones empty); then the partial tree over segments.
- * scratch: tile_scratch_size(k) floats. */
-ALWAYS_INLINE struct tile linear_tile(const float *const *x, int rows, const float *panel, int64_t k,
-                                      float *scratch)
-{
-    struct tile *top = (struct tile *)scratch;
-    struct tile *partials = top + tile_subtrees(k);
-    int64_t g = 0;
-    for (int64_t s0 = 0; s0 < k; s0 += BP_SEGMENT, g++) {
-        struct tile_segment seg = {.panel = panel + s0 * PANEL, .len = k - s0 < BP_SEGMENT ? k - s0 : BP_SEGMENT};
-        int64_t subtrees = tile_subtrees(seg.len);
-        for (int r = 0; r < rows; r++)
-            seg.x[r] = x[r] + s0;
-        for (int64_t b = 0; b < subtrees; b++)
-            top[b] = tile_tree_64(&seg, rows, b, subtrees);
-        halving_tree_cols((float *)top, subtrees, TILE_ROWS * PANEL);
-        partials[g] = top[0];
-    }
-    combine_partials_cols((float *)partials, g, TILE_ROWS * PANEL);
-    return partials[0];
-}
-
-struct linear_job {
-    const float *x, *weight, *bias;
-    int64_t m, k, n, blocks;
-    float *packed, *out;
-};
-
-/* The weight's panels [begin, end), packed. */
-static void pack_span(const void *ctx, int64_t begin, int64_t end)
-{
-    const struct linear_job *c = ctx;
-    for (int64_t p = begin; p < end; p++)
-        pack_panel(c->weight, c->k, c->n, p * PANEL, c->k, 1, c->packed + p * c->k * PANEL);
-}
-
-/* A member of linear's job: its own scratch, then the (panel, block) items it claims. */
-static int linear_member(const void *ctx, struct bp_job *job)
-{
-    const struct linear_job *c = ctx;
-    int64_t m = c->m, k = c->k, n = c->n, blocks = c->blocks;
-    float *scratch = malloc(sizeof(float) * (size_t)tile_scratch_size(k));
-    if (scratch == NULL)
-        return -1;
-    int64_t begin, end;
-    while (bp_claim(job, &begin, &end))
-        for (int64_t item = begin; item < end; item++) {
-            int64_t p = item / blocks, r0 = item % blocks * TILE_ROWS, c0 = p * PANEL;
-            int rows = m - r0 < TILE_ROWS ? (int)(m - r0) : TILE_ROWS;
-            const float *xr[TILE_ROWS];
-            for (int r = 0; r < rows; r++)
-                xr[r] = c->x + (r0 + r) * k;
-            const float *panel = c->packed + p * k * PANEL;
-            struct tile y;
-            if (rows == TILE_ROWS)
-                y = linear_tile(xr, TILE_ROWS, panel, k, scratch);
-            else
-                for (int r = 0; r < rows; r++)
-                    y.row[r] = linear_tile(xr + r, 1, panel, k, scratch).row[0];
-            for (int r = 0; r < rows; r++) {
-                float *orow = c->out + (r0 + r) * n + c0;
-                for (int64_t col = 0; col < PANEL && c0 + col < n; col++)
-                    orow[col] = c->bias ? y.row[r][col] + c->bias[c0 + col] : y.row[r][col];
+    const struct quantise_job *c = ctx;
+    const int64_t k = c->k, plane = c->rows * c->k;
+    for (int64_t r = begin; r < end; r++) {
+        const float *row = c->v + r * k;
+        int e_max = INT32_MIN, finite = 1;
+        for (int64_t i = 0; i < k; i++) {
+            uint32_t a = bits_of(row[i]) & 0x7FFFFFFFu;
+            finite &= (a >> 23) != 0xFF;
+            if (a != 0 && (a >> 23) != 0xFF) {
+                int e = exponent_of(a);
+                e_max = e > e_max ? e : e_max;
             }
         }
-    free(scratch);
-    return 0;
+        int e_row = (e_max == INT32_MIN || !finite) ? 0 : e_max;   /* an all-zero row: E = 0, Q = 0 */
+        int8_t *d = c->digits + r * k;
+        for (int64_t i = 0; i < k; i++) {
+            uint32_t u = bits_of(row[i]), a = u & 0x7FFFFFFFu, biased = a >> 23;
+            int32_t q = 0;
+            if (finite && a != 0) {
+                uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;     /* |v| = m * 2^s */
+                int s = biased ? (int)biased - 150 : -149;
+                int t = s + c->bits - 2 - e_row;                           /* |Q| = RNE(m * 2^t) <= 2^(bits-1) */
+                int32_t mag = t >= 0 ? (int32_t)(m << t) : (int32_t)rne_shift24(m, -t);
+                q = (u >> 31) ? -mag : mag;
+            }
+            for (int s = 0; s < 4; s++) {                                  /* balanced base-256 digits */
+                int32_t digit = ((q + 128) & 255) - 128;
+                d[s * plane + i] = (int8_t)digit;
+                q = (q - digit) >> 8;
+            }
+        }
+        c->exponent[r] = e_row;
+        c->finite[r] = (uint8_t)finite;
+    }
 }
 
-/* linear (spec 24.1): out [m, n] = the canonical dots of x [m, k] with weight [n, k] (+ bias [n], one
- * add; no + 0.0).  The weight is packed once into panels of PANEL outputs; (panel, block of TILE_ROWS rows)
- * items are split over threads, rows inner, so a thread reuses its panel from cache.  The last block's
- * rows past m are computed one at a time.  Returns 0, or -1 if scratch could not be allocated. */
-int bp_linear(const float *x, const float *weight, const float *bias, int64_t m, int64_t k, int64_t n,
-              float *out, int nthreads)
+/* v [rows, k] -> digits int8 [4][rows][k], exponent int32 [rows], finite uint8 [rows]; bits = B <= 31. */
+void bp_linear_quantise(const float *v, int64_t rows, int64_t k, int bits, int8_t *digits, int32_t *exponent,
+                        uint8_t *finite, int nthreads)
 {
-    int64_t panels = (n + PANEL - 1) / PANEL, blocks = (m + TILE_ROWS - 1) / TILE_ROWS;
-    float *packed = malloc(sizeof(float) * (size_t)(panels * k * PANEL));
-    if (packed == NULL)
-        return -1;
-    const struct linear_job c = {x, weight, bias, m, k, n, blocks, packed, out};
-    bp_parallel_for(pack_span, &c, panels, nthreads);
-    int status = bp_parallel(linear_member, &c, panels * blocks, nthreads);
-    free(packed);
-    return status;
+    const struct quantise_job c = {v, rows, k, bits, digits, exponent, finite};
+    bp_parallel_for(quantise_span, &c, rows, nthreads);
 }
 
-struct weight_grad_job {
-    const float *x, *g;
-    int64_t m, k, n, panels, depth;
-    const uint8_t *adds;            /* the fold's schedule (row_fold.h) */
-    float *x_packed, *g_packed;     /* [panel][m][PANEL]: x's columns, g's outputs */
+/* The binary32 nearest to S * 2^p, ties to even, on the subnormal grid below 2^-126, +-inf from
+ * 2^128 (1 - 2^-25) up; +0.0 for S = 0 (spec 24.1).  One rounding of the exact integer. */
+ALWAYS_INLINE float round_scaled(i128 s, int p)
+{
+    if (s == 0)
+        return 0.0f;
+    uint32_t sign = s < 0 ? 0x80000000u : 0;
+    u128 a = s < 0 ? -(u128)s : (u128)s;
+    uint64_t hi = (uint64_t)(a >> 64), lo = (uint64_t)a;
+    int length = hi ? 128 - __builtin_clzll(hi) : 64 - __builtin_clzll(lo);
+    int r = length - 24 > -149 - p ? length - 24 : -149 - p;             /* the result's lsb is 2^(r + p) */
+    uint64_t q;
+    if (r <= 0) {
+        q = (uint64_t)a << -r;
+    } else if (r > length) {
+        q = 0;                                                             /* below half the smallest step */
+    } else {
+        u128 kept = a >> r, rem = a - (kept << r), half = (u128)1 << (r - 1);
+        q = (uint64_t)kept + (rem > half || (rem == half && (kept & 1)));
+    }
+    int64_t pattern = ((int64_t)(r + p + 149) << 23) + (int64_t)q;      /* q = 2^24 carries into the exponent */
+    if (pattern > 0x7F800000)
+        pattern = 0x7F800000;
+    return float_of((uint32_t)pattern | sign);
+}
+
+/* The IEEE value of the sum of the exact products of x and w (length k), one of them holding NaN or +-inf
+ * (spec 24.1): NaN for a NaN product (a NaN factor, or +-inf * +-0) or +inf with -inf, else the infinity. */
+ALWAYS_INLINE int is_inf(float v) { return (bits_of(v) & 0x7FFFFFFFu) == 0x7F800000u; }
+
+static float nonfinite_pair(const float *x, const float *w, int64_t k)
+{
+    int nan = 0, pos = 0, neg = 0;
+    for (int64_t i = 0; i < k; i++) {
+        float a = x[i], b = w[i];
+        if (a != a || b != b || (is_inf(a) && b == 0.0f) || (a == 0.0f && is_inf(b))) {
+            nan = 1;
+        } else if (is_inf(a) || is_inf(b)) {
+            if ((a > 0.0f) == (b > 0.0f))
+                pos = 1;
+            else
+                neg = 1;
+        }
+    }
+    if (nan || (pos && neg))
+        return float_of(0x7FC00000u);
+    return pos ? float_of(0x7F800000u) : float_of(0xFF800000u);
+}
+
+struct round_job {
+    const int32_t *partials;        /* [chunks][4m][4n] */
+    int64_t chunks, m, n, k;
+    const int32_t *ex, *ew;
+    const uint8_t *x_finite, *w_finite;
+    const float *x, *w, *bias;
+    int offset;                     /* (Bx - 2) + (Bw - 2) */
     float *out;
 };
 
-/* Panels [begin, end) of x's columns, then of g's outputs. */
-static void weight_grad_pack_span(const void *ctx, int64_t begin, int64_t end)
+static void round_span(const void *ctx, int64_t begin, int64_t end)
 {
-    const struct weight_grad_job *c = ctx;
-    int64_t m = c->m, x_panels = c->panels;
-    for (int64_t p = begin; p < end; p++) {
-        if (p < x_panels)
-            pack_panel(c->x, m, c->k, p * PANEL, 1, c->k, c->x_packed + p * m * PANEL);
-        else
-            pack_panel(c->g, m, c->n, (p - x_panels) * PANEL, 1, c->n, c->g_packed + (p - x_panels) * m * PANEL);
-    }
-}
-
-/* A member of weight_grad's job: its stack of tiles, then the (output block, column panel) items it claims:
- * TILE_ROWS outputs o by PANEL columns c, the schedule replayed over the m rows, row i's leaf holding
- * g[i][o] * x[i][c] (one PANEL-wide vector of x's row by one g each). */
-static int weight_grad_member(const void *ctx, struct bp_job *job)
-{
-    const struct weight_grad_job *c = ctx;
-    int64_t m = c->m, k = c->k, n = c->n, panels = c->panels;
-    struct tile *stack = malloc(sizeof(struct tile) * (size_t)c->depth);
-    if (stack == NULL)
-        return -1;
-    int64_t begin, end;
-    while (bp_claim(job, &begin, &end))
-        for (int64_t item = begin; item < end; item++) {
-            int64_t o0 = item / panels * TILE_ROWS, c0 = item % panels * PANEL;
-            const float *xp = c->x_packed + c0 * m;
-            const float *gp = c->g_packed + o0 / PANEL * m * PANEL + o0 % PANEL;
-            int64_t top = 0;
-            for (int64_t i = 0; i < m; i++) {
-                for (int a = 0; a < c->adds[i]; a++, top--)
-                    fold_add((float *)stack, top, TILE_ROWS * PANEL);
-                panel_vec xi = load_panel_vec(xp + i * PANEL);
-                for (int r = 0; r < TILE_ROWS; r++)
-                    stack[top].row[r] = gp[i * PANEL + r] * xi;
-                top++;
+    const struct round_job *c = ctx;
+    const int64_t m = c->m, n = c->n, ld = 4 * n, chunk = 16 * m * n;
+    i128 weight[7];                 /* 2^(8w): products, since left shifts of negative integers are undefined */
+    for (int w = 0; w < 7; w++)
+        weight[w] = (i128)1 << (8 * w);
+    for (int64_t r = begin; r < end; r++) {
+        for (int64_t col = 0; col < n; col++) {
+            float y;
+            if (c->x_finite[r] && c->w_finite[col]) {
+                i128 s = 0;
+                for (int64_t t = 0; t < c->chunks; t++) {
+                    const int32_t *p = c->partials + t * chunk + r * ld + col;
+                    for (int i = 0; i < 4; i++)
+                        for (int j = 0; j < 4; j++)
+                            s += (i128)p[i * m * ld + j * n] * weight[i + j];
+                }
+                y = round_scaled(s, c->ex[r] + c->ew[col] - c->offset);
+            } else {
+                y = nonfinite_pair(c->x + r * c->k, c->w + col * c->k, c->k);
             }
-            for (; top > 1; top--)
-                fold_add((float *)stack, top, TILE_ROWS * PANEL);
-            for (int r = 0; r < TILE_ROWS && o0 + r < n; r++)
-                for (int64_t col = 0; col < PANEL && c0 + col < k; col++)
-                    c->out[(o0 + r) * k + c0 + col] = m > 0 ? stack[0].row[r][col] : NEG_ZERO;
+            c->out[r * n + col] = c->bias ? y + c->bias[col] : y;
         }
-    free(stack);
-    return 0;
+    }
 }
 
-/* weight_grad (spec 29.1, 29.2): x [m, k], g [m, n], positions [m] strictly increasing in [0, rows) ->
- * out [n, k], out[o][c] = the row fold over the rows at positions[i] of g[i][o] * x[i][c], each product
- * rounded once.  The fold's schedule (row_fold.h) is made once from the positions, x and g are packed into
- * panels ([m][PANEL], zeros past k and n), and tiles of TILE_ROWS outputs by PANEL columns are split over
- * threads, each replaying the schedule with a stack of tiles.  No [m, n, k] product is formed: the work is a
- * GEMM's, plus the fold's one add per product.  Products of the zeros past k and n are dropped.  Returns 0,
- * or -1 if scratch could not be allocated. */
-int bp_weight_grad(const float *x, const float *g, const int64_t *positions, int64_t m, int64_t k, int64_t n,
-                   int64_t rows, float *out, int nthreads)
+/* partials int32 [chunks][4m][4n] (x slice i, row r at row i*m + r; weight slice j, row col at column
+ * j*n + col) -> out [m, n]; x [m, k] and w [n, k] are read only for pairs with a non-finite row. */
+void bp_linear_round(const int32_t *partials, int64_t chunks, int64_t m, int64_t n, int64_t k, const int32_t *ex,
+                     const int32_t *ew, const uint8_t *x_finite, const uint8_t *w_finite, const float *x,
+                     const float *w, const float *bias, int offset, float *out, int nthreads)
 {
-    int64_t x_panels = (k + PANEL - 1) / PANEL, g_panels = (n + PANEL - 1) / PANEL;
-    uint8_t *adds = malloc((size_t)m + 1);
-    float *packed = malloc(sizeof(float) * (size_t)((x_panels + g_panels) * m * PANEL + 1));
-    int status = -1;
-    if (adds != NULL && packed != NULL) {
-        fold_schedule(positions, m, adds);
-        const struct weight_grad_job c = {x, g, m, k, n, x_panels, fold_depth(rows), adds, packed,
-                                          packed + x_panels * m * PANEL, out};
-        bp_parallel_for(weight_grad_pack_span, &c, x_panels + g_panels, nthreads);
-        status = bp_parallel(weight_grad_member, &c, (n + TILE_ROWS - 1) / TILE_ROWS * x_panels, nthreads);
+    const struct round_job c = {partials, chunks, m, n, k, ex, ew, x_finite, w_finite, x, w, bias, offset, out};
+    bp_parallel_for(round_span, &c, m, nthreads);
+}
+
+struct gemm_job {
+    const int8_t *a, *b;
+    int64_t n, k;
+    int32_t *out;
+};
+
+static void gemm_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct gemm_job *c = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        const int8_t *ar = c->a + r * c->k;
+        for (int64_t col = 0; col < c->n; col++) {
+            const int8_t *bc = c->b + col * c->k;
+            int32_t acc = 0;
+            for (int64_t i = 0; i < c->k; i++)
+                acc += (int32_t)ar[i] * (int32_t)bc[i];
+            c->out[r * c->n + col] = acc;
+        }
     }
-    free(adds);
-    free(packed);
-    return status;
+}
+
+/* The fallback where no vendor int8 GEMM is proven exact: out [m, n] = a [m, k] . b [n, k]^T in int32,
+ * exact for |a b| <= 2^14 and k <= LINEAR_CHUNK_K (the caller's chunks). */
+void bp_int8_gemm(const int8_t *a, const int8_t *b, int64_t m, int64_t n, int64_t k, int32_t *out, int nthreads)
+{
+    const struct gemm_job c = {a, b, n, k, out};
+    bp_parallel_for(gemm_span, &c, m, nthreads);
 }

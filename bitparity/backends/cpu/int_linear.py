@@ -1,0 +1,113 @@
+"""linear (spec 24.1) on the `cpu` backend: linear.c quantises the rows into four int8 digit slices and rounds
+the exact sum once; between them, the 16 slice products are one int8 GEMM: torch._int_mm (oneDNN; VNNI on
+this machine) where a probe at first use proved it exact on the running CPU, else linear.c's bp_int8_gemm.
+
+oneDNN's exactness depends on the ISA it dispatches to: without VNNI its u8 x s8 pair sums saturate at int16
+(127 * 127 * 2 gives 255), so every process proves it again (docs/benchmarks.md, notes on issue 24).
+"""
+
+import ctypes
+import functools
+
+import numpy as np
+import torch
+
+from ... import spec
+
+# |d d'| <= 2^14 for int8 digits, so up to 131071 products sum exactly in int32 in any order, saturating or
+# wrapping; longer rows are cut into chunks whose int32 sums linear.c adds in 128 bits.
+CHUNK_K = 131071
+# Rows of x per pass, so the [16 pairs, rows, n] int32 partials stay near this many bytes.
+PARTIAL_BYTES = 64 << 20
+_OFFSET = (spec.LINEAR_BX - 2) + (spec.LINEAR_BW - 2)
+
+
+def _int_mm(a, b):
+    """a [M, K], b [N, K] int8 -> a b^T int32 [M, N] by torch._int_mm. For K = 1, b.t() has strides (1, 1),
+    which .contiguous() keeps and _int_mm misreads (uninitialised output for N >= 2): reshape gives (N, 1)."""
+    bt = b.reshape(1, b.shape[0]) if b.shape[1] == 1 else b.t()
+    return torch._int_mm(a, bt)
+
+
+@functools.cache
+def int_mm_is_exact():
+    """Whether torch._int_mm gives the exact int32 products here: digits at -128 and 127 (the largest
+    products, summing to within 2^14 of the int32 bound at K = CHUNK_K), alternating signs, and random digits
+    against binary64 products of the same integers (exact: every sum is below 2^31), for K = 1 ... CHUNK_K and
+    the layouts linear uses (a contiguous, b transposed; M = 1; K = 1)."""
+    rng = np.random.default_rng(0)
+    for m, n, k in ((1, 1, 1), (3, 5, 1), (1, 7, 2), (5, 3, 3), (17, 9, 33), (64, 48, 4096), (2, 3, CHUNK_K)):
+        for fill in ("low", "high", "mixed", "random"):
+            if fill == "low":
+                a, b = np.full((m, k), -128), np.full((n, k), -128)
+            elif fill == "high":
+                a, b = np.full((m, k), 127), np.full((n, k), -128)
+            elif fill == "mixed":
+                a = np.resize(np.array([127, -128]), (m, k))
+                b = np.resize(np.array([-128, -128, 127]), (n, k))
+            else:
+                a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (n, k))
+            want = a.astype(np.float64) @ b.astype(np.float64).T
+            try:
+                got = _int_mm(torch.from_numpy(a.astype(np.int8)), torch.from_numpy(b.astype(np.int8)))
+            except RuntimeError:
+                return False
+            if not np.array_equal(got.numpy().astype(np.float64), want):
+                return False
+    return True
+
+
+def _gemm(lib, a, b, threads):
+    """a [M, K], b [N, K] int8 -> [M, N] int32, exact for K <= CHUNK_K."""
+    if int_mm_is_exact():
+        return _int_mm(a, b)
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.int32)
+    lib.bp_int8_gemm(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[0], a.shape[1], out.data_ptr(), threads)
+    return out
+
+
+def quantise(lib, v, bits, threads):
+    """v [R, K] -> (digits int8 [4, R, K], exponent int32 [R], finite uint8 [R]) (linear.c)."""
+    rows, k = v.shape
+    digits = torch.empty((4, rows, k), dtype=torch.int8)
+    exponent = torch.empty(rows, dtype=torch.int32)
+    finite = torch.empty(rows, dtype=torch.uint8)
+    lib.bp_linear_quantise(v.data_ptr(), rows, k, bits, digits.data_ptr(), exponent.data_ptr(), finite.data_ptr(),
+                           threads)
+    return digits, exponent, finite
+
+
+def linear(lib, x, weight, bias, threads):
+    """Spec 24.1's y [M, N] for dense float32 x [M, K], weight [N, K], bias [N] or None."""
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    if m == 0 or n == 0:
+        return out
+    w_digits, ew, w_finite = quantise(lib, weight, spec.LINEAR_BW, threads)
+    w_slices = w_digits.reshape(4 * n, k)
+    rows = max(1, PARTIAL_BYTES // (64 * n))
+    for start in range(0, m, rows):
+        xs = x[start:start + rows]
+        mb = xs.shape[0]
+        x_digits, ex, x_finite = quantise(lib, xs, spec.LINEAR_BX, threads)
+        x_slices = x_digits.reshape(4 * mb, k)
+        chunks = [_gemm(lib, x_slices[:, c:c + CHUNK_K].contiguous(), w_slices[:, c:c + CHUNK_K].contiguous(),
+                        threads) for c in range(0, k, CHUNK_K)] if k > CHUNK_K else [_gemm(lib, x_slices, w_slices,
+                                                                                             threads)]
+        partials = torch.stack(chunks) if len(chunks) > 1 else chunks[0].contiguous()
+        lib.bp_linear_round(partials.data_ptr(), len(chunks), mb, n, k, ex.data_ptr(), ew.data_ptr(),
+                            x_finite.data_ptr(), w_finite.data_ptr(), xs.data_ptr(), weight.data_ptr(),
+                            None if bias is None else bias.data_ptr(), _OFFSET, out[start:start + mb].data_ptr(),
+                            threads)
+    return out
+
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {
+    # v, rows, k, bits, digits, exponent, finite, threads
+    "bp_linear_quantise": ([_P, _I64, _I64, _INT, _P, _P, _P, _INT], None),
+    # partials, chunks, m, n, k, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
+    "bp_linear_round": ([_P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT], None),
+    # a, b, m, n, k, out, threads
+    "bp_int8_gemm": ([_P, _P, _I64, _I64, _I64, _P, _INT], None),
+}
