@@ -770,10 +770,10 @@ def quantise_rows(v, bits):
     e = np.where(normal, biased - 127, _bit_length(fraction) - 150)
     nonzero = magnitude != 0
     exponent = np.max(np.where(nonzero, e, np.int64(-1 << 20)), axis=1, initial=-1 << 20)
-    exponent = np.where(np.any(nonzero, axis=1), exponent, np.int64(0))
+    exponent = np.where(np.any(nonzero, axis=1) & finite, exponent, np.int64(0))
     t = s + (bits - 2) - exponent[:, None]                                  # |Q| = RNE(m * 2^t)
     q = np.where(t >= 0, m << np.clip(t, 0, 62), _rne_shift(m, np.maximum(-t, 0)))
-    q = np.where(pattern < 0, -q, q)
+    q = np.where(finite[:, None], np.where(pattern < 0, -q, q), np.int64(0))
     return q, exponent, finite
 
 

@@ -6,8 +6,10 @@ oneDNN's exactness depends on the ISA it dispatches to: without VNNI its u8 x s8
 (127 * 127 * 2 gives 255), so every process proves it again (docs/benchmarks.md, notes on issue 24).
 """
 
+import collections
 import ctypes
 import functools
+import threading
 
 import numpy as np
 import torch
@@ -77,13 +79,49 @@ def quantise(lib, v, bits, threads):
     return digits, exponent, finite
 
 
+class WeightCache:
+    """The quantised form of recently used weights: a rollout calls linear on unchanged weights thousands of
+    times. A hit needs the same address and shape and the same bits as the copy kept with the entry, compared in
+    full: `p.data.copy_()` changes a parameter without bumping its version counter (measured), so a key on
+    `_version` would serve stale digits. Comparing reads the weight once, less work than quantising it. Entries
+    (copy and digits, 8 bytes per weight) are evicted least recently used beyond `limit` bytes."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self._entries = collections.OrderedDict()      # (address, shape) -> (bits copy, quantised)
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def quantised(self, lib, weight, threads):
+        key, size = (weight.data_ptr(), tuple(weight.shape)), 8 * weight.numel()
+        bits = weight.view(torch.int32)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and torch.equal(entry[0], bits):
+                self._entries.move_to_end(key)
+                return entry[1]
+        result = quantise(lib, weight, spec.LINEAR_BW, threads)
+        if size <= self.limit:
+            with self._lock:
+                old = self._entries.pop(key, None)
+                self._bytes += size - (0 if old is None else size)
+                self._entries[key] = (bits.clone(), result)
+                while self._bytes > self.limit:
+                    _, (copy, _) = self._entries.popitem(last=False)
+                    self._bytes -= 2 * copy.numel() * 4
+        return result
+
+
+WEIGHTS = WeightCache(1 << 30)
+
+
 def linear(lib, x, weight, bias, threads):
     """Spec 24.1's y [M, N] for dense float32 x [M, K], weight [N, K], bias [N] or None."""
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
     if m == 0 or n == 0:
         return out
-    w_digits, ew, w_finite = quantise(lib, weight, spec.LINEAR_BW, threads)
+    w_digits, ew, w_finite = WEIGHTS.quantised(lib, weight, threads)
     w_slices = w_digits.reshape(4 * n, k)
     rows = max(1, PARTIAL_BYTES // (64 * n))
     for start in range(0, m, rows):

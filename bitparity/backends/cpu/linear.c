@@ -17,15 +17,6 @@
 __extension__ typedef __int128 i128;
 __extension__ typedef unsigned __int128 u128;
 
-/* RNE(m / 2^r) for m < 2^24 and r >= 1: ties to even; 0 once r >= 25 (m / 2^25 < 1/2). */
-ALWAYS_INLINE uint32_t rne_shift24(uint32_t m, int r)
-{
-    if (r >= 25)
-        return 0;
-    uint32_t q = m >> r, rem = m & ((1u << r) - 1), half = 1u << (r - 1);
-    return q + (rem > half || (rem == half && (q & 1)));
-}
-
 /* e(v) = floor(log2 |v|) of a nonzero finite pattern (sign cleared): the exponent field, or for a subnormal
  * the bit length of its fraction minus 150. */
 ALWAYS_INLINE int exponent_of(uint32_t a)
@@ -49,31 +40,33 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
     const int64_t k = c->k, plane = c->rows * c->k;
     for (int64_t r = begin; r < end; r++) {
         const float *row = c->v + r * k;
-        int e_max = INT32_MIN, finite = 1;
+        /* The magnitude patterns of finite values order as the values do, and NaN patterns lie above +inf's: the
+         * largest pattern gives E and tells whether the row is finite. */
+        uint32_t top = 0;
         for (int64_t i = 0; i < k; i++) {
             uint32_t a = bits_of(row[i]) & 0x7FFFFFFFu;
-            finite &= (a >> 23) != 0xFF;
-            if (a != 0 && (a >> 23) != 0xFF) {
-                int e = exponent_of(a);
-                e_max = e > e_max ? e : e_max;
-            }
+            top = a > top ? a : top;
         }
-        int e_row = (e_max == INT32_MIN || !finite) ? 0 : e_max;   /* an all-zero row: E = 0, Q = 0 */
+        int32_t finite = top < 0x7F800000u;
+        int e_row = (top == 0 || !finite) ? 0 : exponent_of(top);        /* an all-zero row: E = 0, Q = 0 */
         int8_t *d = c->digits + r * k;
+        /* Branch-free, so that gcc vectorises it: |v| = m 2^s, |Q| = RNE(m 2^t); a right shift by 25 or more
+         * leaves 0 (m < 2^24), so the shift is capped there; zeros give m = 0. */
         for (int64_t i = 0; i < k; i++) {
             uint32_t u = bits_of(row[i]), a = u & 0x7FFFFFFFu, biased = a >> 23;
-            int32_t q = 0;
-            if (finite && a != 0) {
-                uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;     /* |v| = m * 2^s */
-                int s = biased ? (int)biased - 150 : -149;
-                int t = s + c->bits - 2 - e_row;                           /* |Q| = RNE(m * 2^t) <= 2^(bits-1) */
-                int32_t mag = t >= 0 ? (int32_t)(m << t) : (int32_t)rne_shift24(m, -t);
-                q = (u >> 31) ? -mag : mag;
-            }
-            for (int s = 0; s < 4; s++) {                                  /* balanced base-256 digits */
-                int32_t digit = ((q + 128) & 255) - 128;
-                d[s * plane + i] = (int8_t)digit;
-                q = (q - digit) >> 8;
+            uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;
+            int32_t s = biased ? (int32_t)biased - 150 : -149;
+            int32_t t = s + c->bits - 2 - e_row;
+            uint32_t left = m << (t > 0 ? (t < 31 ? t : 31) : 0);
+            int32_t rs = -t < 1 ? 1 : (-t > 25 ? 25 : -t);
+            uint32_t q = m >> rs, rem = m & ((1u << rs) - 1), half = 1u << (rs - 1);
+            uint32_t right = q + ((rem > half) | ((rem == half) & (q & 1)));
+            int32_t mag = (int32_t)(t >= 0 ? left : right) * finite;
+            int32_t v = (u >> 31) ? -mag : mag;
+            for (int sl = 0; sl < 4; sl++) {                                /* balanced base-256 digits */
+                int32_t digit = ((v + 128) & 255) - 128;
+                d[sl * plane + i] = (int8_t)digit;
+                v = (v - digit) >> 8;
             }
         }
         c->exponent[r] = e_row;

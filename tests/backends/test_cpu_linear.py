@@ -1,0 +1,99 @@
+"""What only the cpu backend's linear (spec 24.1) has: the probe that decides whether torch._int_mm is exact on
+this CPU, the C fallback GEMM, rows longer than one int32 chunk, every ISA build, and the weight cache.
+
+Every result is compared bit for bit with the numpy reference. The fallback is forced by replacing the probe's
+answer, so it runs on this machine whatever oneDNN does here.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from bitparity.backends import cpu
+from bitparity.backends import numpy as reference
+from bitparity.backends.cpu import int_linear
+from bitparity.compare.metrics import canonical_bits
+
+LEVELS = tuple(range(cpu.isa_level() + 1))
+
+
+def _case(m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, (m, 1)))
+    x[:, :: max(1, k // 8)] *= 1000.0                                  # outlier channels
+    w = rng.standard_normal((n, k)) * 0.05
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(w.astype(np.float32))
+
+
+SHAPES = [(1, 1, 1), (1, 1, 7), (3, 2, 1), (5, 33, 9), (17, 300, 40), (2, 4100, 3)]
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_int_mm_and_the_fallback_give_the_reference_bits(monkeypatch, fallback, m, k, n):
+    if fallback:
+        monkeypatch.setattr(int_linear, "int_mm_is_exact", lambda: False)
+    x, w = _case(m, k, n, [m, k, n])
+    bias = torch.linspace(-1, 1, n)
+    for level in LEVELS:
+        got = cpu.build(level).linear(x, w.clone(), bias)          # a fresh weight: no cached digits
+        assert torch.equal(canonical_bits(got), canonical_bits(reference.linear(x, w, bias))), level
+
+
+def test_the_probe_finds_int_mm_exact_here():
+    # This machine has AVX-512 VNNI, where oneDNN's s8 x s8 products sum exactly in int32 (docs/benchmarks.md);
+    # a CPU without it fails the probe and takes the fallback, which the test above runs.
+    assert int_linear.int_mm_is_exact()
+
+
+def test_the_probe_rejects_a_gemm_that_saturates(monkeypatch):
+    # The negative control: oneDNN without VNNI saturates u8 x s8 pair sums at int16 (127 * 127 * 2 -> 255).
+    def saturating(a, b):
+        products = a.to(torch.int64)[:, None, :] * b.to(torch.int64)[None, :, :]
+        pairs = torch.nn.functional.pad(products, (0, products.shape[-1] % 2)).reshape(*products.shape[:2], -1, 2)
+        return pairs.sum(-1).clamp(-2 ** 15, 2 ** 15 - 1).sum(-1).to(torch.int32)
+    int_linear.int_mm_is_exact.cache_clear()
+    monkeypatch.setattr(int_linear, "_int_mm", saturating)
+    monkeypatch.setattr(int_linear, "CHUNK_K", 64)               # keeps the emulated GEMM small
+    try:
+        assert not int_linear.int_mm_is_exact()
+    finally:
+        int_linear.int_mm_is_exact.cache_clear()
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_rows_longer_than_one_int32_chunk(monkeypatch, fallback):
+    # K = CHUNK_K + 5 with every digit product at its largest: the int32 chunks are added in 128 bits.
+    if fallback:
+        monkeypatch.setattr(int_linear, "int_mm_is_exact", lambda: False)
+    k = int_linear.CHUNK_K + 5
+    top = np.float32(np.nextafter(np.float32(2), np.float32(0)))
+    x = torch.full((2, k), float(top))
+    x[1, ::2] = -float(top)
+    w = torch.full((1, k), float(top))
+    assert torch.equal(canonical_bits(cpu.linear(x, w, None)), canonical_bits(reference.linear(x, w, None)))
+
+
+def test_the_weight_cache_never_serves_stale_digits():
+    x, w = _case(4, 64, 8, 0)
+    weight = torch.nn.Parameter(w.clone())
+    first = cpu.linear(x, weight.detach(), None)
+    assert torch.equal(cpu.linear(x, weight.detach(), None), first)                  # a hit: same bits
+    with torch.no_grad():
+        weight.data.copy_(w * 2)                   # in place, without bumping weight._version
+    got = cpu.linear(x, weight.detach(), None)
+    assert torch.equal(canonical_bits(got), canonical_bits(reference.linear(x, w * 2, None)))
+    assert not torch.equal(got, first)
+    weight.data[3, 5] = float("nan")               # one element: the whole weight is compared
+    got = cpu.linear(x, weight.detach(), None)
+    assert torch.isnan(got[:, 3]).all() and not torch.isnan(got[:, :3]).any()
+
+
+def test_the_weight_cache_is_bounded(monkeypatch):
+    cache = int_linear.WeightCache(limit=3 * 8 * 64)
+    monkeypatch.setattr(int_linear, "WEIGHTS", cache)
+    x = torch.randn(2, 8)
+    weights = [torch.randn(8, 8) for _ in range(5)]
+    for w in weights:
+        assert torch.equal(canonical_bits(cpu.linear(x, w, None)), canonical_bits(reference.linear(x, w, None)))
+    assert cache._bytes <= cache.limit and len(cache._entries) == 3
