@@ -366,7 +366,7 @@ BACKWARD_KERNELS = {
 }
 BACKWARD_OPS = tuple(BACKWARD_KERNELS)
 # Spec 29's training kernels, each beside its forward (fold_rows and the optimizers in their own files).
-TRAINING_KERNELS = {"fold_rows": "fold_rows.cpp", "weight_grad": "linear.cpp", "rms_norm_backward": "rms_norm.cpp",
+TRAINING_KERNELS = {"fold_rows": "fold_rows.cpp", "rms_norm_backward": "rms_norm.cpp",
                     "silu_mul_backward": "silu_mul.cpp", "attention_backward": "attention.cpp",
                     "adamw_step": "optim.cpp", "sgd_step": "optim.cpp"}
 

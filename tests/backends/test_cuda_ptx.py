@@ -46,8 +46,14 @@ _TOPK = {"x_ptr": "*fp32", "values_ptr": "*fp32", "indices_ptr": "*i64", "keys_p
          "n_rows": "i32", "n_cols": "i32", "n_padded": "i32", "k": "i32"}
 _PHILOX = {"counters_ptr": "*i64", "keys_ptr": "*i64", "out_ptr": "*i64", "n": "i32"}
 _FILTERS_ON = {"USE_MIN_P": True, "USE_TOP_K": True, "USE_TOP_P": True}
-_LINEAR = {"x_ptr": "*fp32", "w_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
-           "n_rows": "i32", "n_out": "i32", "n_in": "i32", "n_segments": "i32"}
+# linear (spec 24.1, 2.0.0): rows to int8 digits, the digit products on int8 tensor cores, the rounding.
+_LINEAR_QUANTISE = {"v_ptr": "*i32", "digits_ptr": "*i8", "exps_ptr": "*i32", "flags_ptr": "*i32",
+                    "n_rows": "i32", "n_cols": "i32"}
+_LINEAR_DIGITS = {"a_ptr": "*i8", "b_ptr": "*i8", "t_ptr": "*i64", "n_rows": "i32", "n_out": "i32", "n_in": "i32"}
+_LINEAR_ROUND = {"t_ptr": "*i64", "ex_ptr": "*i32", "ew_ptr": "*i32", "fx_ptr": "*i32", "fw_ptr": "*i32",
+                 "x_ptr": "*i32", "w_ptr": "*i32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
+                 "n_rows": "i32", "n_out": "i32", "n_in": "i32"}
+_LINEAR_CONSTANTS = {"B": 29, "D": 4}
 _RMS_NORM = {"x_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
              "n_segments": "i32", "eps": "fp32"}
 _ROTARY = {"x_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "half": "i32"}
@@ -67,8 +73,6 @@ _PPO_BACKWARD = {**_PPO, "loss_ptr": None, "clipped_ptr": None, "mask_ptr": "*i1
 # Training (spec 29): the row fold's blocks (table, indices) and its stack of 16 levels.
 _FOLD_ROWS = {"c_ptr": "*fp32", "table_ptr": "*i64", "indices_ptr": "*i64", "first_ptr": "*i64",
               "segments_ptr": "*i64", "out_ptr": "*fp32", "n_cols": "i32"}
-_WEIGHT_GRAD = {"x_ptr": "*fp32", "g_ptr": "*fp32", "table_ptr": "*i64", "indices_ptr": "*i64", "out_ptr": "*fp32",
-                "n_blocks": "i32", "n_out": "i32", "n_in": "i32"}
 _RMS_NORM_BACKWARD = {**_RMS_NORM, "out_ptr": None, "g_ptr": "*fp32", "dx_ptr": "*fp32", "terms_ptr": "*fp32"}
 _SILU_MUL_BACKWARD = {**_SILU_MUL, "out_ptr": None, "g_ptr": "*fp32", "d_gate_ptr": "*fp32", "d_up_ptr": "*fp32"}
 _STATS = {"shift_ptr": "*fp32", "recip_ptr": "*fp32", "big_g_ptr": "*fp32"}
@@ -79,10 +83,8 @@ _ADAMW = {"w_ptr": "*fp32", "g_ptr": "*fp32", "m_ptr": "*fp32", "v_ptr": "*fp32"
           "b2": "fp32", "c2": "fp32", "ibc2": "fp32", "eps": "fp32", "step": "fp32"}
 _SGD = {"w_ptr": "*fp32", "g_ptr": "*fp32", "buf_ptr": "*fp32", "w_out_ptr": "*fp32", "buf_out_ptr": "*fp32",
         "n": "i32", "lr": "fp32", "momentum": "fp32", "one_minus_dampening": "fp32", "weight_decay": "fp32"}
-# Long K and long key rows (LANES lanes, 16 segment slots) in GPU tiles
-# (layout.dot_tile, layout.attention_tile): 2 x 2 outputs of linear; one
-# query of attention over D = 16 dims, its output 4 dims per pass.
-_LINEAR_LONG = {"BLOCK_M": 2, "BLOCK_N": 2, "W": 1024, "GP": 16}
+# Long key rows (LANES lanes, 16 segment slots) in GPU tiles (layout.attention_tile):
+# one query of attention over D = 16 dims, its output 4 dims per pass.
 _ATTENTION_LONG = {"BLOCK_G": 1, "BLOCK_Q": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
 # attention's backward over the keys: one key, lanes along a long query row.
 _ATTENTION_KEYS_LONG = {"BLOCK_G": 1, "BLOCK_K": 1, "W": 1024, "GP": 16, "DW": 16, "DGP": 1, "DV": 4}
@@ -136,7 +138,13 @@ KERNELS = {
     "sample": ("sampling", "sample_kernel", _SAMPLE, {**_FILTERS_ON, **_LONG}, (*_NAN_MAX, *_PHILOX_ROUND)),
     # A beam-search k: 64 sort words per row.
     "topk": ("topk", "topk_kernel", _TOPK, {"BLOCK_R": 1, "W": 1024, "KP": 64}, _ADD),
-    "linear": ("linear", "linear_kernel", _LINEAR, {"HAS_BIAS": True, **_LINEAR_LONG}, _ARITH),
+    # linear's GPU launch (linear._tiles): 64 x 64 x 64 tiles, wgmma on sm_90.  Only the bias's add is float.
+    "linear_quantise": ("linear", "quantise_rows_kernel", _LINEAR_QUANTISE,
+                        {**_LINEAR_CONSTANTS, "BLOCK_R": 1, "BLOCK_C": 1024}, ()),
+    "linear_digits": ("linear", "digit_gemm_kernel", _LINEAR_DIGITS,
+                      {"D": 4, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "CHUNK": 8192}, ()),
+    "linear_round": ("linear", "round_kernel", _LINEAR_ROUND,
+                     {"HAS_BIAS": True, **_LINEAR_CONSTANTS, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8}, _ADD),
     "rms_norm": ("rms_norm", "rms_norm_kernel", _RMS_NORM, _LONG, _ARITH),
     "rotary": ("rotary", "rotary_kernel", _ROTARY, {"BLOCK_R": 1, "W": 1024}, (*_ARITH, "sub.rn.f32")),
     # Causal only: the flag adds one integer minimum, no float instruction (and each compile takes seconds).
@@ -171,10 +179,8 @@ KERNELS = {
     "ppo_backward_dual_clip": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD, {"BLOCK": 1024}, _NAN_CLAMP),
     "ppo_backward_unclamped": ("ppo", "ppo_backward_kernel", _PPO_BACKWARD,
                                {"BLOCK": 1024, "dual_clip": None, "ratio_clamp": None}, _NAN_CLAMP),
-    # GPU tiles (layout.fold_tile, layout.weight_grad_tile).
+    # GPU tiles (layout.fold_tile).
     "fold_rows": ("fold", "fold_rows_kernel", _FOLD_ROWS, {"B": 32, "T": 128, "LP": 16}, _ADD),
-    "weight_grad": ("linear", "weight_grad_kernel", _WEIGHT_GRAD,
-                    {"B": 16, "BLOCK_N": 16, "BLOCK_K": 16, "LP": 16}, _ARITH),
     "rms_norm_backward": ("rms_norm", "rms_norm_backward_kernel", _RMS_NORM_BACKWARD, _LONG, _ARITH),
     "silu_mul_backward": ("elementwise", "silu_mul_backward_kernel", _SILU_MUL_BACKWARD, {"BLOCK": 1024},
                           (*_ARITH, "sub.rn.f32")),
@@ -236,6 +242,31 @@ def test_kernel_has_only_canonical_float_instructions(compiled, name):
     if sass is not None and "add.rn.f32" in KERNELS[name][4]:
         assert "FADD" in sass
     assert forbidden(ptx, sass) == []
+
+
+# An int8 x int8 -> int32 tensor-core instruction: wgmma (sm_90, 64 x N x 32) or mma.sync (m16n8k32).
+_INT8_MMA = re.compile(r"\bwgmma\.mma_async[\w.]*\.s32\.s8\.s8\b|\bmma\.sync[\w.]*\.s32\.s8\.s8\.s32\b")
+_FLOAT_OP = re.compile(r"\.f(?:16|32|64)\b|\.bf16\b|\.tf32\b|\.e[45]m[23]\b")
+
+
+def test_linear_digit_products_run_on_int8_tensor_cores(compiled):
+    """spec 24.1's integer product: the GEMM kernel's sm_90 PTX holds int8 MMA instructions and no float
+    instruction at all; integer address arithmetic (mad.lo.s32, mad.wide.s32) is not float."""
+    ptx = compiled["linear_digits"]["ptx"]
+    assert _INT8_MMA.search(ptx), "no int8 wgmma/mma.sync"
+    assert [line.strip() for line in ptx.splitlines() if _FLOAT_OP.search(line) and not line.strip().startswith("//")
+            ] == []
+    assert forbidden(ptx, compiled["linear_digits"]["sass"]) == []
+
+
+def test_int8_mma_checker_rejects_float_mma():
+    """Negative control: a float MMA line does not pass as an int8 one, and is a float instruction."""
+    line = "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, p, 1, 1, 0, 0;"
+    assert not _INT8_MMA.search(line) and _FLOAT_OP.search(line)
+    assert _INT8_MMA.search("wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%r1}, %rd1, %rd2, p;")
+    assert _INT8_MMA.search("mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32 {%r1}, {%r2}, {%r3}, {%r4};")
+    assert forbidden("mad.lo.s32 %r5, %r1, %r2, %r3;\nmad.wide.s32 %rd4, %r5, 4, %rd1;", None) == []
+    assert forbidden("mad.rn.f32 %f3, %f1, %f2, %f0;", None) != []
 
 
 def test_checker_catches_fused_multiply_add(compiled):

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from .. import linear_grad
 from . import host_emulation, npu_ops
 
 NAME = "ascend"
@@ -307,9 +308,10 @@ def fold_rows(c, segments, positions, rows, n_segments):
 
 
 def weight_grad(x, g, positions, rows):
+    """spec 29.2: dW over blocks of spec.LINEAR_GRAD_BLOCK rows, each block this backend's linear, row-folded."""
     if _on_npu():
-        return npu_ops.op("weight_grad")(x, g, positions, rows)
-    return host_emulation.weight_grad(x, g, positions, rows)
+        return linear_grad.weight_grad(lambda a, b, bias: npu_ops.op("linear")(a, b, bias), x, g, positions, rows)
+    return linear_grad.weight_grad(host_emulation.linear, x, g, positions, rows)
 
 
 def rms_norm_backward(x, weight, eps, g):

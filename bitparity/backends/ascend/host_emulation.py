@@ -47,10 +47,10 @@ PHILOX_TILE = 256
 ATTENTION_MAX_KEYS = 16 * spec.SEGMENT
 ATTENTION_MAX_DIM = 256
 
-# Output columns per block of kernels/linear.cpp: its DotTiles' accumulator (LINEAR_TILE_FLOATS = 8192)
-# over the tree width of K, at most LINEAR_MAX_COLUMNS = 1024 (how the launch is sized; no bit depends on it).
-LINEAR_TILE_FLOATS = 8192
-LINEAR_MAX_COLUMNS = 1024
+# kernels/linear.cpp: digits per quantised value, int32 partials per chunk of K, the Cube kernel's output tile.
+LINEAR_DIGITS = 4
+LINEAR_CHUNK_K = 8192
+LINEAR_TILE = 64
 
 _U32, _F32, _P, _INT = ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 # The softmax family: scale is f32[rows], one per row.
@@ -76,7 +76,8 @@ _SIGNATURES = {
     "bp_topk": [_U32, _P, _P, _P, _U32, _U32, _U32],                     # blocks, x, values, indices, rows, cols, k
     "bp_filter_logits": [_U32, _P, _P, _P, _P, _P, _P, _U32, _U32],      # blocks, x, scale, top_k, top_p, min_p, out,
     "bp_sample": [_U32, _P, _P, _P, _P, _P, _P, _P, _P, _P, _U32, _U32],  # ... greedy, seeds, positions, tokens
-    "bp_linear": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32],         # blocks, x, weightT, bias, y, m, k, n, hasBias
+    "bp_linear": [_U32, *[_P] * 9, _U32, _U32, _U32, _U32],             # blocks, x, weight, bias, y, digitsX,
+                                                                         # digitsW, metaX, metaW, t, m, k, n, hasBias
     "bp_rms_norm": [_U32, _P, _P, _P, _U32, _U32, _F32],                 # blocks, x, weight, y, rows, cols, eps
     "bp_rotary": [_U32, _P, _P, _P, _P, _U32, _U32],                     # blocks, x, cos, sin, y, rows, cols
     "bp_attention": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _U32, _F32],  # blocks, q, kT, v, kv_lengths,
@@ -102,7 +103,6 @@ _SIGNATURES = {
     # Training (spec 29)
     "bp_fold_rows": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32],  # blocks, c, order, positions, starts, out,
                                                                          # m, f, segments, rows
-    "bp_weight_grad": [_U32, _P, _P, _P, _P, _U32, _U32, _U32, _U32],    # blocks, x, g, positions, dw, m, k, n, rows
     "bp_rms_norm_backward": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _F32],  # blocks, x, weight, g, dx, terms, rows,
                                                                            # cols, eps
     "bp_silu_mul_backward": [_U32, _P, _P, _P, _P, _P, _U32],           # blocks, gate, up, g, d_gate, d_up, n
@@ -305,25 +305,27 @@ def _tree_width(k):
     return min(1 << max(0, (k - 1).bit_length()), spec.LANES)
 
 
-def linear_blocks(k, n):
-    """How many column blocks kernels/linear.cpp splits n outputs into (its DotTiles' block width)."""
-    width = max(8, LINEAR_TILE_FLOATS // _tree_width(k) // 8 * 8)
-    width = min(width, -(-min(n, LINEAR_MAX_COLUMNS) // 8) * 8)
-    return -(-n // width)
-
-
 def linear(x, weight, bias, blocks=None):
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N].  The kernel reads the weight as [K, N]:
-    the transpose here is a copy (no arithmetic)."""
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N] (spec 24.1): kernels/linear.cpp's four launches, with
+    their GM workspaces (digits, exponents and flags of both operands, the Cube unit's int32 partials)."""
     lib = library()
-    m, k = _dims(x)
+    m, k = x.shape
     n = weight.shape[0]
-    if k * n >= 2**32:
-        raise ValueError(f"the Ascend C kernels take fewer than 2**32 elements; got a weight of {n} x {k}")
-    weight_t = weight.t().contiguous()
+    m_pad, n_pad, k_pad = -(-m // 16) * 16, -(-n // 16) * 16, -(-k // 32) * 32
+    chunks = -(-k_pad // LINEAR_CHUNK_K)
+    if max(m_pad, n_pad) * k_pad * LINEAR_DIGITS >= 2**32 or chunks * 7 * m_pad * n_pad >= 2**32:
+        raise ValueError(f"the Ascend C linear takes operands of fewer than 2**32 digits; got x {m} x {k}, weight "
+                         f"{n} x {k}")
+    digits_x = torch.empty(LINEAR_DIGITS * m_pad * k_pad, dtype=torch.int8)
+    digits_w = torch.empty(LINEAR_DIGITS * n_pad * k_pad, dtype=torch.int8)
+    meta_x = torch.empty(m_pad, 8, dtype=torch.int32)
+    meta_w = torch.empty(n_pad, 8, dtype=torch.int32)
+    partials = torch.empty(chunks, 2 * LINEAR_DIGITS - 1, m_pad, n_pad, dtype=torch.int32)
     y = torch.empty(m, n, dtype=torch.float32)
-    check(lib, lib.bp_linear(_blocks(linear_blocks(k, n), blocks), x.data_ptr(), weight_t.data_ptr(), _ptr(bias),
-                             y.data_ptr(), m, k, n, int(bias is not None)))
+    tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * (2 * LINEAR_DIGITS - 1) * chunks
+    check(lib, lib.bp_linear(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(), _ptr(bias),
+                             y.data_ptr(), digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(),
+                             meta_w.data_ptr(), partials.data_ptr(), m, k, n, int(bias is not None)))
     return y
 
 
@@ -464,10 +466,6 @@ def ppo_policy_loss_backward(logp, old_logp, advantages, mask, ratio_low, ratio_
 FOLD_TILE_FLOATS = 1024
 FOLD_MAX_ROWS = MAX_ROW
 
-# kernels/linear.cpp's weight-gradient tiles: kb columns of k (at most WEIGHT_GRAD_COLUMNS), FOLD_TILE_FLOATS // kb
-# rows of n (how the launch is sized; no bit depends on it).
-WEIGHT_GRAD_COLUMNS = 256
-
 
 def _fold_limits(rows, *sizes):
     """A fold over at most FOLD_MAX_ROWS leaves, and fewer than 2**32 elements in each (rows, cols) of sizes."""
@@ -491,25 +489,6 @@ def fold_rows(c, order, positions, starts, rows, blocks=None):
     check(lib, lib.bp_fold_rows(_blocks(segments * tiles, blocks), c.data_ptr(), order.data_ptr(),
                                 positions.data_ptr(), starts.data_ptr(), out.data_ptr(), m, f, segments, rows))
     return out
-
-
-def weight_grad_tiles(k, n):
-    """How many tiles kernels/linear.cpp's weight gradient cuts [N, K] into."""
-    kb = min(-(-k // 8) * 8, WEIGHT_GRAD_COLUMNS)
-    nb = min(FOLD_TILE_FLOATS // kb, n)
-    return -(-n // nb) * -(-k // kb)
-
-
-def weight_grad(x, g, positions, rows, blocks=None):
-    """x [M, K], g [M, N], positions int64 [M] strictly increasing in [0, rows) -> dW [N, K] (spec 29.2)."""
-    lib = library()
-    m, k = x.shape
-    n = g.shape[1]
-    _fold_limits(rows, (m, k), (m, n), (n, k))
-    dw = torch.empty(n, k, dtype=torch.float32)
-    check(lib, lib.bp_weight_grad(_blocks(weight_grad_tiles(k, n), blocks), x.data_ptr(), g.data_ptr(),
-                                  positions.data_ptr(), dw.data_ptr(), m, k, n, rows))
-    return dw
 
 
 def rms_norm_backward(x, weight, eps, g, blocks=None):

@@ -1,103 +1,284 @@
-"""linear (spec 24.1): y = x @ weight.T (+ bias), each output a canonical dot product, as canonical.linear;
-and weight_grad (spec 29.2): the weight's gradient, a row fold of products, as canonical.weight_grad.
+"""linear (spec 24.1, 2.0.0): y = x @ weight.T (+ bias) as the exact integer product of fixed-point rows,
+rounded once to binary32, on int8 tensor cores.
 
-A program computes a BLOCK_M x BLOCK_N tile of outputs (layout.dot_tile):
-the products of its rows and outputs lie in one [BLOCK_M, BLOCK_N, W]
-tensor, W lanes along K, which canonical.dot_sums accumulates chunk by chunk
-and folds by the halving tree (spec 3).  Every output is a function of its
-own row and weight row only, so the tile changes speed, never a bit.  On a
-GPU the tile is about 8 x 8 outputs of 64 lanes (layout.GPU_PRODUCTS); a
-tensor-core tier would replace dot_sums here, and could not keep spec 3's
-order, since mma accumulates in the hardware's order.
+Three kernels, in this order:
+  quantise_rows_kernel  per row of x and of the weight: E = the exponent of the largest magnitude, read from
+                        the bit patterns (integer max of |bits|, subnormals by bit length); Q[k] = RNE(v[k] *
+                        2^(B-2-E)) by integer shifts of the significand; Q split into DIGITS balanced int8
+                        digits, Q = sum_i d_i 256^i, d_i in [-128, 127] (DIGITS = 4 holds B <= 31 bits).  A row
+                        holding NaN or +-inf is flagged and quantised to 0: its outputs are decided outside the
+                        integer path.
+  digit_gemm_kernel     T_s[m, n] = sum_{i+j=s} sum_k dx_i[m, k] dw_j[n, k] for each digit weight 256^s, by
+                        tl.dot on int8 with an int32 accumulator (mma.sync / wgmma .s8 on a GPU).  |d_i d_j| <=
+                        2^14 and at most DIGITS pairs share a diagonal, so CHUNK_K = 8192 terms keep every int32
+                        partial below 2^31 (exact in any order, saturating or wrapping alike); each chunk's
+                        int32 sum is added into an int64 accumulator, so K is bounded only by int64.
+  round_kernel          S = sum_s 256^s T_s, carried exactly in base 2^8 (never through binary64), rounded once
+                        to nearest even at 2^(Ex + Ew - 2(B-2)), subnormal results on the 2^-149 grid, overflow to
+                        inf; then + bias[n] as one binary32 add.  Outputs whose x row or weight row holds NaN or
+                        inf take the IEEE value of the sum of the products instead, from the operands' classes.
 
-weight_grad: dW[n, k] = the row fold (spec 29.1) over the rows m of
-g[m, n] * x[m, k], each product rounded once.  A program computes a
-BLOCK_N x BLOCK_K tile of dW (layout.weight_grad_tile) the way a GEMM walks
-its reduction axis: a block of B rows at a time, their products one
-[B, BLOCK_N, BLOCK_K] tensor folded by fold.py's adjacent tree, the block
-partials by fold.py's stack.  The [M, N, K] products are never stored.
-(linear's dx is linear(g, W^T) and its bias's gradient weight_grad with
-x = 1: no kernel of their own.)
+Integer addition is associative, so no tile size, split or launch order changes a bit; the only float
+instruction is the bias's add.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from .canonical import dot_sums, neg_zeros
-from .fold import fold, row_blocks
-from .layout import dot_tile, launch, next_pow2, row_layout, weight_grad_tile
+from .. import linear_grad
+from .layout import launch, next_pow2
+
+BITS = 29            # Bx = Bw (spec 24.1)
+DIGITS = 4           # balanced int8 digits per quantised value: 8 * DIGITS - 1 >= BITS
+CHUNK_K = 8192       # K terms per int32 partial: DIGITS * CHUNK_K * 2^14 < 2^31
+MIN_DOT_K = 32       # tl.dot on int8 needs K tiles of at least 32
+
+_F32_INF_BITS = tl.constexpr(0x7F800000)
 
 
 @triton.jit
-def linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, n_rows, n_out, n_in, n_segments,
-                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  W: tl.constexpr, GP: tl.constexpr):
-    # x: [n_rows, n_in], weight: [n_out, n_in], bias: [n_out]; out: [n_rows, n_out].
-    # Program (i, j): rows of block i, outputs of block j.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)           # [BLOCK_M]
-    outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BLOCK_N]
+def _i64(n):
+    # A scalar argument as int64 (an argument equal to 1 arrives as a constexpr, which has no .to).
+    return tl.full((), 0, tl.int64) + n
+
+
+@triton.jit
+def _bit_length(v, STEPS: tl.constexpr):
+    # v >= 0 (int32 or int64) -> the number of its significant bits (0 for 0), by binary search on shifts.
+    # STEPS: 5 for int32, 6 for int64.
+    n = tl.zeros_like(v)
+    for step in tl.static_range(STEPS):
+        s = 1 << (STEPS - 1 - step)
+        high = v >> s
+        big = high > 0
+        v = tl.where(big, high, v)
+        n += tl.where(big, s, 0)
+    return n + (v > 0).to(v.dtype)
+
+
+@triton.jit
+def _row_exponent(amax):
+    # amax: the largest |bit pattern| of a finite row (int32) -> E = floor(log2 max|v|); 0 for an all-zero row.
+    field = amax >> 23
+    return tl.where(field > 0, field - 127, tl.where(amax > 0, _bit_length(amax, 5) - 150, 0))
+
+
+@triton.jit
+def _quantise(bits, e_row, B: tl.constexpr):
+    # bits: int32 patterns of finite values, e_row: their row's E (broadcast) -> Q = RNE(v * 2^(B-2-E)), int32.
+    a = bits & 0x7FFFFFFF
+    field = a >> 23
+    sig = (a & 0x7FFFFF) | tl.where(field > 0, 0x800000, 0)
+    shift = tl.maximum(field, 1) - 150 + (B - 2) - e_row        # Q = RNE(sig * 2^shift); shift <= B - 2
+    left = sig << tl.minimum(tl.maximum(shift, 0), 30)
+    r = tl.minimum(tl.maximum(-shift, 1), 26)                  # sig < 2^24: 26 places leave 0 and below a half
+    q = sig >> r
+    rem = sig & ((1 << r) - 1)
+    half = 1 << (r - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    q = tl.where(shift >= 0, left, q)
+    return tl.where(bits < 0, -q, q)
+
+
+@triton.jit
+def quantise_rows_kernel(v_ptr, digits_ptr, exps_ptr, flags_ptr, n_rows, n_cols,
+                         B: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # v: f32[n_rows, n_cols] read as int32 bits; digits: int8[D, n_rows, n_cols]; exps, flags: int32[n_rows].
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows_ok = rows < n_rows
+    base = rows.to(tl.int64)[:, None] * n_cols
+    amax = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    for c0 in range(0, n_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        ok = rows_ok[:, None] & (cols < n_cols)[None, :]
+        bits = tl.load(v_ptr + base + cols[None, :], mask=ok, other=0)
+        amax = tl.maximum(amax, tl.max(bits & 0x7FFFFFFF, axis=1))
+    special = amax >= 0x7F800000                                   # NaN or +-inf somewhere in the row
+    e_row = tl.where(special, 0, _row_exponent(amax))
+    tl.store(exps_ptr + rows, e_row, mask=rows_ok)
+    tl.store(flags_ptr + rows, special.to(tl.int32), mask=rows_ok)
+    plane = _i64(n_rows) * n_cols
+    for c0 in range(0, n_cols, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        ok = rows_ok[:, None] & (cols < n_cols)[None, :]
+        bits = tl.load(v_ptr + base + cols[None, :], mask=ok, other=0)
+        q = tl.where(special[:, None], 0, _quantise(bits, e_row[:, None], B))
+        # Balanced digits, least significant first: d = ((q + 128) mod 256) - 128, then q = (q - d) / 256 exactly.
+        for i in tl.static_range(D):
+            d = ((q + 128) & 255) - 128
+            tl.store(digits_ptr + i * plane + base + cols[None, :], d.to(tl.int8), mask=ok)
+            q = (q - d) >> 8
+
+
+@triton.jit
+def digit_gemm_kernel(a_ptr, b_ptr, t_ptr, n_rows, n_out, n_in,
+                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    # a: int8[D, n_rows, n_in] (x's digits), b: int8[D, n_out, n_in] (the weight's); t: int64[2D-1, n_rows, n_out].
+    # Program (i, j, s): the tile's diagonal s, T_s = sum over digit pairs p + q = s of a_p . b_q^T.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
     rows_ok = rows < n_rows
     outs_ok = outs < n_out
-    # y[m, n] = dot(x[m, :], weight[n, :]), then one add of bias[n]; no + 0.0.
-    y = dot_sums(x_ptr, rows.to(tl.int64)[:, None] * n_in, rows_ok[:, None],
-                 w_ptr, outs.to(tl.int64)[None, :] * n_in, outs_ok[None, :],
-                 n_in, n_segments, tl.arange(0, W), tl.arange(0, GP))   # [BLOCK_M, BLOCK_N]
+    a_plane = _i64(n_rows) * n_in
+    b_plane = _i64(n_out) * n_in
+    a_rows = rows.to(tl.int64)[:, None] * n_in
+    b_outs = outs.to(tl.int64)[None, :] * n_in
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int64)
+    for k_chunk in range(0, n_in, CHUNK):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for k0 in range(k_chunk, tl.minimum(k_chunk + CHUNK, n_in), BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            ks_ok = ks < n_in
+            for p in tl.static_range(D):
+                q = s - p
+                if (q >= 0) & (q < D):
+                    a = tl.load(a_ptr + p * a_plane + a_rows + ks[None, :], mask=rows_ok[:, None] & ks_ok[None, :],
+                                other=0)                                             # [BLOCK_M, BLOCK_K]
+                    b = tl.load(b_ptr + q * b_plane + b_outs + ks[:, None], mask=ks_ok[:, None] & outs_ok[None, :],
+                                other=0)                                             # [BLOCK_K, BLOCK_N]
+                    acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        total += acc.to(tl.int64)
+    offs = s.to(tl.int64) * _i64(n_rows) * n_out + rows.to(tl.int64)[:, None] * n_out + outs[None, :]
+    tl.store(t_ptr + offs, total, mask=rows_ok[:, None] & outs_ok[None, :])
+
+
+@triton.jit
+def _carry(t_ptr, offs, plane, sign, D: tl.constexpr):
+    # sign * S = sum_s 256^s (sign * T_s) in base 2^8: (lo = the low 8 (2D-1) bits as limbs, >= 0; the carry out).
+    carry = tl.zeros(offs.shape, dtype=tl.int64)
+    lo = tl.zeros(offs.shape, dtype=tl.int64)
+    for s in tl.static_range(2 * D - 1):
+        v = sign * tl.load(t_ptr + s * plane + offs) + carry
+        lo |= (v & 255) << (8 * s)
+        carry = v >> 8
+    return lo, carry
+
+
+@triton.jit
+def _specials(x_ptr, w_ptr, rows, outs, rows_ok, outs_ok, n_in, BLOCK_K: tl.constexpr):
+    # The IEEE value of sum_k x[m, k] * w[n, k] for a tile with a NaN or inf operand, from the operands' classes
+    # (never from float products, which could overflow): NaN if a product is NaN (a NaN, or inf * 0) or +inf and
+    # -inf products meet, else the infinite products' sign.  Returns the int32 bits.
+    nan = tl.zeros((rows.shape[0], outs.shape[0]), dtype=tl.int32)
+    pos = tl.zeros((rows.shape[0], outs.shape[0]), dtype=tl.int32)
+    neg = tl.zeros((rows.shape[0], outs.shape[0]), dtype=tl.int32)
+    for k0 in range(0, n_in, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ks_ok = ks < n_in
+        xb = tl.load(x_ptr + rows.to(tl.int64)[:, None] * n_in + ks[None, :], mask=rows_ok[:, None] & ks_ok[None, :],
+                     other=0)[:, None, :]                                            # [BM, 1, BK]
+        wb = tl.load(w_ptr + outs.to(tl.int64)[:, None] * n_in + ks[None, :], mask=outs_ok[:, None] & ks_ok[None, :],
+                     other=0)[None, :, :]                                            # [1, BN, BK]
+        xa = xb & 0x7FFFFFFF
+        wa = wb & 0x7FFFFFFF
+        x_inf = xa == 0x7F800000
+        w_inf = wa == 0x7F800000
+        is_nan = (xa > 0x7F800000) | (wa > 0x7F800000) | (x_inf & (wa == 0)) | (w_inf & (xa == 0))
+        is_inf = (x_inf | w_inf) & ~is_nan
+        negative = (xb ^ wb) < 0
+        nan = tl.maximum(nan, tl.max(is_nan.to(tl.int32), axis=2))
+        pos = tl.maximum(pos, tl.max((is_inf & ~negative).to(tl.int32), axis=2))
+        neg = tl.maximum(neg, tl.max((is_inf & negative).to(tl.int32), axis=2))
+    bits = tl.where((nan > 0) | ((pos > 0) & (neg > 0)), 0x7FC00000, tl.where(pos > 0, 0x7F800000, -8388608))
+    return bits
+
+
+@triton.jit
+def round_kernel(t_ptr, ex_ptr, ew_ptr, fx_ptr, fw_ptr, x_ptr, w_ptr, bias_ptr, out_ptr, n_rows, n_out, n_in,
+                 HAS_BIAS: tl.constexpr, B: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # t: int64[2D-1, n_rows, n_out]; ex, fx: int32[n_rows], ew, fw: int32[n_out] (exponents, NaN/inf flags);
+    # x: f32[n_rows, n_in], w: f32[n_out, n_in] as int32 bits (specials only); out: f32[n_rows, n_out].
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ok = rows < n_rows
+    outs_ok = outs < n_out
+    ok = rows_ok[:, None] & outs_ok[None, :]
+    plane = _i64(n_rows) * n_out
+    offs = tl.where(ok, rows.to(tl.int64)[:, None] * n_out + outs[None, :], 0)
+    # The sign of S from the carry out of the limbs, then |S| = hi * 2^(8(2D-1)) + lo.
+    _, top = _carry(t_ptr, offs, plane, tl.full(offs.shape, 1, tl.int64), D)
+    negative = top < 0
+    lo, hi = _carry(t_ptr, offs, plane, tl.where(negative, -1, 1).to(tl.int64), D)
+    LO_BITS: tl.constexpr = 8 * (2 * D - 1)
+    # One word m with every bit that can reach the rounding: hi's bits and lo's top, lo's rest ORed into a
+    # sticky bit below them (the rounding point lies at least 24 bits below |S|'s leading bit).
+    t = _bit_length(hi, 6)
+    sticky = ((lo & ((tl.full(lo.shape, 1, tl.int64) << t) - 1)) != 0).to(tl.int64)
+    m = tl.where(t > 0, (((hi << (LO_BITS - t)) | (lo >> t)) << 1) | sticky, lo)
+    scale = (tl.load(ex_ptr + rows, mask=rows_ok, other=0)[:, None]
+             + tl.load(ew_ptr + outs, mask=outs_ok, other=0)[None, :]).to(tl.int64) - 2 * (B - 2) \
+        + tl.where(t > 0, t - 1, 0)                                                # |S| ~ m * 2^scale
+    lead = _bit_length(m, 6) - 1
+    drop = tl.maximum(lead - 23, -149 - scale)                                     # bits below the binary32 grid
+    left = m << tl.minimum(tl.maximum(-drop, 0), 23)
+    r = tl.minimum(tl.maximum(drop, 1), 62)
+    q = m >> r
+    rem = m & ((tl.full(m.shape, 1, tl.int64) << r) - 1)
+    half = tl.full(m.shape, 1, tl.int64) << (r - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int64)
+    q = tl.where(drop > 0, q, left)
+    # q * 2^(scale + drop): scale + drop >= -149; normal q in [2^23, 2^24] (2^24: the carry into the exponent).
+    bits = tl.minimum(((scale + drop + 149) << 23) + q, _F32_INF_BITS)
+    bits = tl.where(m == 0, 0, bits)
+    bits = tl.where(negative, bits | (-2147483648), bits).to(tl.int32)
+    flagged = (tl.load(fx_ptr + rows, mask=rows_ok, other=0)[:, None]
+               | tl.load(fw_ptr + outs, mask=outs_ok, other=0)[None, :])
+    if tl.max(tl.max(flagged, axis=1), axis=0) > 0:
+        special = _specials(x_ptr, w_ptr, rows, outs, rows_ok, outs_ok, n_in, BLOCK_K)
+        bits = tl.where(flagged > 0, special, bits)
+    y = bits.to(tl.float32, bitcast=True)
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + outs, mask=outs_ok, other=0.0)[None, :]
-    offs = rows.to(tl.int64)[:, None] * n_out + outs[None, :]          # [BLOCK_M, BLOCK_N]
-    tl.store(out_ptr + offs, y, mask=rows_ok[:, None] & outs_ok[None, :])
+    tl.store(out_ptr + offs, y, mask=ok)
+
+
+def _tiles(n_rows, n_out, n_in):
+    """(BLOCK_M, BLOCK_N, BLOCK_K): the interpreter takes large tiles, a GPU 64 x 64 x 64 (wgmma on sm_90)."""
+    if triton.knobs.runtime.interpret:
+        return (min(128, max(16, next_pow2(n_rows))), min(128, max(16, next_pow2(n_out))),
+                min(1024, max(MIN_DOT_K, next_pow2(n_in))))
+    return 64, 64, 64
+
+
+def quantise_rows(v):
+    """f32[R, C] -> (int8 digits [DIGITS, R, C], int32 exponents [R], int32 NaN/inf flags [R])."""
+    n_rows, n_cols = v.shape
+    digits = torch.empty((DIGITS, n_rows, n_cols), dtype=torch.int8, device=v.device)
+    exps = torch.empty(n_rows, dtype=torch.int32, device=v.device)
+    flags = torch.empty(n_rows, dtype=torch.int32, device=v.device)
+    interpret = triton.knobs.runtime.interpret
+    block_r = min(next_pow2(n_rows), 64) if interpret else 1
+    block_c = min(next_pow2(n_cols), 4096 if interpret else 1024)
+    launch(quantise_rows_kernel, triton.cdiv(n_rows, block_r), v.view(torch.int32), digits, exps, flags, n_rows,
+           n_cols, B=BITS, D=DIGITS, BLOCK_R=block_r, BLOCK_C=block_c)
+    return digits, exps, flags
 
 
 def linear(x, weight, bias):
+    """x f32[M, K], weight f32[N, K], bias f32[N] or None -> f32[M, N]."""
     n_rows, n_in = x.shape
     n_out = weight.shape[0]
+    dx, ex, fx = quantise_rows(x)
+    dw, ew, fw = quantise_rows(weight)
+    block_m, block_n, block_k = _tiles(n_rows, n_out, n_in)
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
+    partials = torch.empty((2 * DIGITS - 1, n_rows, n_out), dtype=torch.int64, device=x.device)
+    launch(digit_gemm_kernel, (*grid, 2 * DIGITS - 1), dx, dw, partials, n_rows, n_out, n_in,
+           D=DIGITS, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=CHUNK_K)
     out = torch.empty((n_rows, n_out), dtype=torch.float32, device=x.device)
-    width, n_segments, slots = row_layout(n_in)
-    block_m, block_n = dot_tile(n_rows, n_out, width)
-    launch(linear_kernel, (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n)),
-           x, weight, weight if bias is None else bias, out, n_rows, n_out, n_in, n_segments,
-           HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, W=width, GP=slots)
+    special_k = min(next_pow2(n_in), 64 if triton.knobs.runtime.interpret else 8)
+    launch(round_kernel, grid, partials, ex, ew, fx, fw, x.view(torch.int32), weight.view(torch.int32),
+           weight if bias is None else bias, out, n_rows, n_out, n_in, HAS_BIAS=bias is not None, B=BITS, D=DIGITS,
+           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=special_k)
     return out
 
-
-@triton.jit
-def _products_block(block_args, rows):
-    # block_args = (x_ptr, g_ptr, outs, outs_ok, ins, ins_ok, n_out, n_in), outs, outs_ok
-    # [BLOCK_N], ins, ins_ok [BLOCK_K]; rows [B] -> [B, BLOCK_N * BLOCK_K]: the leaves
-    # g[row, n] * x[row, k], each rounded once, -0.0 at the empty slots (0 * 0 would be +0.0).
-    x_ptr, g_ptr, outs, outs_ok, ins, ins_ok, n_out, n_in = block_args
-    present = rows >= 0                                                 # [B]
-    g = tl.load(g_ptr + rows[:, None] * n_out + outs[None, :], mask=present[:, None] & outs_ok[None, :],
-                other=0.0)                                              # [B, BLOCK_N]
-    x = tl.load(x_ptr + rows[:, None] * n_in + ins[None, :], mask=present[:, None] & ins_ok[None, :],
-                other=0.0)                                              # [B, BLOCK_K]
-    products = tl.where(present[:, None, None], g[:, :, None] * x[:, None, :], neg_zeros(()))
-    return tl.reshape(products, (rows.shape[0], outs.shape[0] * ins.shape[0]))
-
-
-@triton.jit
-def weight_grad_kernel(x_ptr, g_ptr, table_ptr, indices_ptr, out_ptr, n_blocks, n_out, n_in,
-                       B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LP: tl.constexpr):
-    # x: [M, n_in], g: [M, n_out]; table: [n_blocks, B] rows (-1: none), indices: [n_blocks]
-    # (fold.row_blocks over one segment); out: [n_out, n_in].  Program (i, j): outputs of
-    # block i, inputs of block j, folded over every block of rows.
-    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)           # [BLOCK_N]
-    ins = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)            # [BLOCK_K]
-    outs_ok = outs < n_out
-    ins_ok = ins < n_in
-    dw = fold(_products_block, (x_ptr, g_ptr, outs, outs_ok, ins, ins_ok, n_out, n_in), table_ptr, indices_ptr,
-              0, n_blocks, B, BLOCK_N * BLOCK_K, LP)                    # [BLOCK_N * BLOCK_K]
-    offs = outs.to(tl.int64)[:, None] * n_in + ins[None, :]             # [BLOCK_N, BLOCK_K]
-    tl.store(out_ptr + offs, tl.reshape(dw, (BLOCK_N, BLOCK_K)), mask=outs_ok[:, None] & ins_ok[None, :])
 
 
 def weight_grad(x, g, positions, rows):
-    n_in, n_out = x.shape[1], g.shape[1]
-    out = torch.empty((n_out, n_in), dtype=torch.float32, device=x.device)
-    block, block_n, block_k = weight_grad_tile(rows, n_out, n_in)
-    table, indices, _, levels = row_blocks(torch.zeros_like(positions), positions, rows, block)
-    launch(weight_grad_kernel, (triton.cdiv(n_out, block_n), triton.cdiv(n_in, block_k)),
-           x, g, table, indices, out, indices.numel(), n_out, n_in,
-           B=block, BLOCK_N=block_n, BLOCK_K=block_k, LP=next_pow2(levels))
-    return out
+    """spec 29.2: dW over blocks of spec.LINEAR_GRAD_BLOCK rows, each block this backend's linear(g_b^T, x_b^T),
+    row-folded (backends/linear_grad.py)."""
+    return linear_grad.weight_grad(linear, x, g, positions, rows)

@@ -70,7 +70,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <climits>
 #include <deque>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -133,8 +135,19 @@ constexpr uint32_t REPEAT_BYTES = 256;     // one vector repeat
 constexpr uint32_t MAX_QUE_BUFFERS_PER_POSITION = 8;
 constexpr uint32_t MAX_BUFFERS = 64;
 constexpr int32_t EVENT_IDS = 8;
+// The Cube unit's buffers on Atlas A2 (910B): L1 512 KB (TPosition A1 and B1), L0A 64 KB (A2), L0B 64 KB (B2),
+// L0C 128 KB (CO1).  The emulation keeps them in one host arena after the UB, each filled with 0xFF poison.
+constexpr uint32_t L1_BYTES = 512 * 1024;
+constexpr uint32_t L0A_BYTES = 64 * 1024;
+constexpr uint32_t L0B_BYTES = 64 * 1024;
+constexpr uint32_t L0C_BYTES = 128 * 1024;
+constexpr uint32_t L1_BASE = UB_BYTES;
+constexpr uint32_t L0A_BASE = L1_BASE + L1_BYTES;
+constexpr uint32_t L0B_BASE = L0A_BASE + L0A_BYTES;
+constexpr uint32_t L0C_BASE = L0B_BASE + L0B_BYTES;
+constexpr uint32_t ARENA_BYTES = L0C_BASE + L0C_BYTES;
 
-enum class TPosition { GM, VECIN, VECOUT, VECCALC };
+enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, B1, A2, B2, CO1 };
 using QuePosition = TPosition;
 enum class CMPMODE { LT, GT, EQ, LE, GE, NE };
 enum class SELMODE : uint8_t { VSEL_CMPMASK_SPR = 0, VSEL_TENSOR_SCALAR_MODE, VSEL_TENSOR_TENSOR_MODE };
@@ -152,6 +165,11 @@ inline const char* PositionName(TPosition p) {
         case TPosition::VECIN: return "VECIN";
         case TPosition::VECOUT: return "VECOUT";
         case TPosition::VECCALC: return "VECCALC";
+        case TPosition::A1: return "A1";
+        case TPosition::B1: return "B1";
+        case TPosition::A2: return "A2";
+        case TPosition::B2: return "B2";
+        case TPosition::CO1: return "CO1";
         default: return "GM";
     }
 }
@@ -170,9 +188,10 @@ struct Buffer {
 
 struct CoreState {
     uint32_t blockIdx = 0, blockNum = 1;
-    std::vector<uint8_t> ub = std::vector<uint8_t>(UB_BYTES, 0xFF);
+    std::vector<uint8_t> ub = std::vector<uint8_t>(ARENA_BYTES, 0xFF);   // UB, then L1, L0A, L0B, L0C
     uint32_t ubUsed = 0;
-    uint32_t queBuffers[4] = {0, 0, 0, 0};
+    uint32_t cubeUsed[5] = {0, 0, 0, 0, 0};   // A1/B1 share L1; A2 = L0A, B2 = L0B, CO1 = L0C
+    uint32_t queBuffers[9] = {};
     uint32_t bufferCount = 0;
     std::deque<Buffer> buffers;   // deque: pointers stay valid as buffers are added
     uint64_t seq = 0;
@@ -191,6 +210,12 @@ inline thread_local CoreState* core = nullptr;
 inline bool HeldForCompute(const Buffer& b) {
     if (!b.queued) return true;
     return b.position == TPosition::VECIN ? b.state == BufState::DEQUEUED : b.state == BufState::ALLOCATED;
+}
+
+// The Cube unit's positions: neither the vector nor the scalar unit can address them.
+inline bool IsCube(TPosition p) {
+    return p == TPosition::A1 || p == TPosition::B1 || p == TPosition::A2 || p == TPosition::B2 ||
+           p == TPosition::CO1;
 }
 
 inline CoreState& Core() {
@@ -258,6 +283,9 @@ private:
         if (i >= size_) {
             Fail(std::string(write ? "SetValue(" : "GetValue(") + std::to_string(i) + ") is past the end of " +
                  buf_->name + " (" + std::to_string(size_) + " elements)");
+        }
+        if (emu::IsCube(buf_->position)) {
+            Fail("scalar access to " + buf_->name + ": the scalar unit cannot address L1/L0A/L0B/L0C");
         }
         if (!emu::HeldForCompute(*buf_)) {
             Fail("scalar access to " + buf_->name +
@@ -333,6 +361,24 @@ inline Buffer* NewBuffer(const std::string& name, TPosition pos, bool queued, ui
     CoreState& c = Core();
     const uint32_t bytes = (len + UB_BLOCK - 1) / UB_BLOCK * UB_BLOCK;
     if (bytes == 0) Fail("InitBuffer of 0 bytes for " + name);
+    if (IsCube(pos)) {
+        // A1 and B1 share L1; a Cube buffer starts 512-byte aligned in its memory (an L0A/L0B fractal).
+        const int memory = pos == TPosition::A1 || pos == TPosition::B1 ? 0 : pos == TPosition::A2 ? 1
+                         : pos == TPosition::B2 ? 2 : 3;
+        static const uint32_t bases[4] = {L1_BASE, L0A_BASE, L0B_BASE, L0C_BASE};
+        static const uint32_t sizes[4] = {L1_BYTES, L0A_BYTES, L0B_BYTES, L0C_BYTES};
+        static const char* names[4] = {"L1", "L0A", "L0B", "L0C"};
+        const uint32_t start = (c.cubeUsed[memory] + 511) / 512 * 512;
+        if (start + bytes > sizes[memory]) {
+            Fail("InitBuffer: " + name + " needs " + std::to_string(bytes) + " B but " + names[memory] + " holds " +
+                 std::to_string(sizes[memory]) + " B, " + std::to_string(start) + " already given out");
+        }
+        if (++c.bufferCount > MAX_BUFFERS) Fail("InitBuffer: more than 64 buffers in one kernel");
+        c.buffers.push_back(Buffer{name, pos, queued, bases[memory] + start, bytes,
+                                   queued ? BufState::FREE : BufState::ALLOCATED, owner});
+        c.cubeUsed[memory] = start + bytes;
+        return &c.buffers.back();
+    }
     if (c.ubUsed + bytes > UB_CAPACITY) {
         Fail("InitBuffer: " + name + " needs " + std::to_string(bytes) + " B but only " +
              std::to_string(UB_CAPACITY - c.ubUsed) + " B of the Unified Buffer are left (" +
@@ -350,6 +396,10 @@ template <typename T>
 T* VecOperand(const LocalTensor<T>& t, uint64_t count, const char* api, const char* role, bool write) {
     Buffer* b = t.EmuBuffer();
     CoreState& c = Core();
+    if (IsCube(b->position)) {
+        Fail(std::string(api) + ": " + role + " is " + b->name + ", in L1/L0A/L0B/L0C, which the vector unit cannot "
+             "address");
+    }
     if (t.EmuAddress() % UB_BLOCK != 0) {
         Fail(std::string(api) + ": " + role + " starts at UB byte " + std::to_string(t.EmuAddress()) +
              ", not 32-byte aligned");
@@ -1023,6 +1073,208 @@ void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTen
                  " is misaligned or outside src (" + std::to_string(srcBytes) + " B)");
         }
         std::memcpy(&pd[i], ps + at, sizeof(T));
+    }
+    emu::EndInstruction();
+}
+
+// ---- The Cube unit (Atlas A2): GM -> L1, L1 -> L0A/L0B, Mmad, L0C -> GM --------------
+
+struct DataCopyParams {
+    uint16_t blockCount = 1;
+    uint16_t blockLen = 0;    // 32-byte blocks
+    uint16_t srcStride = 0;   // gap between runs, 32-byte blocks
+    uint16_t dstStride = 0;
+    DataCopyParams() = default;
+    DataCopyParams(uint16_t count, uint16_t len, uint16_t srcStrideIn, uint16_t dstStrideIn)
+        : blockCount(count), blockLen(len), srcStride(srcStrideIn), dstStride(dstStrideIn) {}
+};
+
+struct LoadData2DParams {
+    uint16_t startIndex = 0;  // first source fractal
+    uint8_t repeatTimes = 0;  // fractals copied
+    uint16_t srcStride = 0;   // fractals between consecutive source fractals
+    uint8_t sid = 0;
+    uint16_t dstGap = 0;      // fractals left between destination fractals (only 0 is modelled)
+    bool ifTranspose = false; // only false is modelled
+    uint8_t addrMode = 0;
+};
+
+struct MmadParams {
+    uint16_t m = 0;
+    uint16_t n = 0;
+    uint16_t k = 0;
+    bool isBias = false;          // only false is modelled
+    int32_t fmOffset = 0;
+    bool enSsparse = false;
+    bool enWinogradA = false;
+    bool enWinogradB = false;
+    uint8_t unitFlag = 0;
+    bool kDirectionAlign = false;
+    bool cmatrixSource = false;   // only false (C from L0C) is modelled
+    bool cmatrixInitVal = true;   // true: C = A.B; false: C += A.B
+};
+
+// The row-major (NZ -> ND) form without quantisation; the other fields of the real struct are not modelled.
+struct FixpipeParamsV220 {
+    uint16_t nSize = 0;
+    uint16_t mSize = 0;
+    uint16_t srcStride = 0;   // L0C: rows of the source matrix (its M, a multiple of 16)
+    uint32_t dstStride = 0;   // GM: elements between rows
+    FixpipeParamsV220() = default;
+    FixpipeParamsV220(uint16_t n, uint16_t m, uint16_t src, uint32_t dst)
+        : nSize(n), mSize(m), srcStride(src), dstStride(dst) {}
+};
+
+namespace emu {
+
+constexpr uint32_t FRACTAL_BYTES = 512;   // an L0A/L0B int8 fractal (16 x 32 or 32 x 16)
+constexpr uint32_t L0C_FRACTAL = 256;     // an L0C int32 fractal (16 x 16)
+
+// A Cube operand at `position` in queue state `state` (what the pipeline guarantees between the stages).
+template <typename T>
+Buffer* CubeOperand(const LocalTensor<T>& t, std::initializer_list<TPosition> positions, BufState state,
+                    const char* api, const char* role) {
+    Buffer* b = t.EmuBuffer();
+    bool ok = false;
+    for (TPosition p : positions) ok = ok || b->position == p;
+    if (!ok) Fail(std::string(api) + ": " + role + " is " + b->name + ", not at the position this path takes");
+    if (!b->queued || b->state != state) {
+        Fail(std::string(api) + ": " + role + " " + b->name + " is not " +
+             (state == BufState::ALLOCATED ? "allocated and not yet enqueued" : "dequeued") + " (the stage order)");
+    }
+    return b;
+}
+
+inline uint32_t InMemory(uint32_t address) {   // an address relative to the start of its L1/L0 memory
+    return address >= L0C_BASE ? address - L0C_BASE : address >= L0B_BASE ? address - L0B_BASE
+         : address >= L0A_BASE ? address - L0A_BASE : address - L1_BASE;
+}
+
+}  // namespace emu
+
+// GM -> L1 (A1/B1): blockCount runs of blockLen 32-byte blocks, the gaps srcStride (GM) and dstStride (L1).
+template <typename T>
+void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& p) {
+    emu::CubeOperand(dst, {TPosition::A1, TPosition::B1}, emu::BufState::ALLOCATED, "DataCopy", "dst");
+    if (dst.EmuAddress() % UB_BLOCK != 0) Fail("DataCopy GM -> L1: destination not 32-byte aligned");
+    const uint64_t run = static_cast<uint64_t>(p.blockLen) * UB_BLOCK;
+    const uint64_t srcPitch = run + static_cast<uint64_t>(p.srcStride) * UB_BLOCK;
+    const uint64_t dstPitch = run + static_cast<uint64_t>(p.dstStride) * UB_BLOCK;
+    if (p.blockCount == 0 || p.blockLen == 0) return;
+    const uint64_t srcBytes = (p.blockCount - 1) * srcPitch + run;
+    if ((p.blockCount - 1) * dstPitch + run > static_cast<uint64_t>(dst.GetSize()) * sizeof(T)) {
+        Fail("DataCopy GM -> L1: the runs do not fit in the destination");
+    }
+    if (srcBytes % sizeof(T) != 0) Fail("DataCopy GM -> L1: not a whole number of elements");
+    src.Check(0, srcBytes / sizeof(T), "DataCopy");
+    const uint8_t* gm = reinterpret_cast<const uint8_t*>(src.EmuAddress());
+    uint8_t* l1 = reinterpret_cast<uint8_t*>(emu::Data(dst));
+    for (uint32_t b = 0; b < p.blockCount; ++b) std::memcpy(l1 + b * dstPitch, gm + b * srcPitch, run);
+    emu::EndInstruction();
+}
+
+// L1 -> L0A (A1 -> A2) or L0B (B1 -> B2), 2D: fractals of 512 B, bits unchanged.
+template <typename T>
+void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2DParams& p) {
+    static_assert(sizeof(T) == 1, "LoadData: only int8 fractals are modelled");
+    emu::Buffer* d = emu::CubeOperand(dst, {TPosition::A2, TPosition::B2}, emu::BufState::ALLOCATED, "LoadData",
+                                      "dst");
+    emu::Buffer* s = emu::CubeOperand(src, {TPosition::A1, TPosition::B1}, emu::BufState::DEQUEUED, "LoadData", "src");
+    if ((d->position == TPosition::A2) != (s->position == TPosition::A1)) {
+        Fail("LoadData: L1 -> L0A takes an A1 source, L1 -> L0B a B1 source");
+    }
+    if (p.ifTranspose || p.dstGap != 0) Fail("LoadData: only ifTranspose = false, dstGap = 0 are modelled");
+    if (emu::InMemory(dst.EmuAddress()) % emu::FRACTAL_BYTES != 0 || src.EmuAddress() % UB_BLOCK != 0) {
+        Fail("LoadData: destination not 512-byte aligned in L0, or source not 32-byte aligned in L1");
+    }
+    const uint64_t last = (static_cast<uint64_t>(p.startIndex) + (p.repeatTimes ? p.repeatTimes - 1 : 0) * p.srcStride
+                           + 1) * emu::FRACTAL_BYTES;
+    if (p.repeatTimes == 0) return;
+    if (last > src.GetSize() || static_cast<uint64_t>(p.repeatTimes) * emu::FRACTAL_BYTES > dst.GetSize()) {
+        Fail("LoadData: fractals outside the source or the destination");
+    }
+    const uint8_t* from = reinterpret_cast<const uint8_t*>(emu::Data(src));
+    uint8_t* to = reinterpret_cast<uint8_t*>(emu::Data(dst));
+    for (uint32_t i = 0; i < p.repeatTimes; ++i) {
+        std::memcpy(to + i * emu::FRACTAL_BYTES,
+                    from + (static_cast<uint64_t>(p.startIndex) + static_cast<uint64_t>(i) * p.srcStride) *
+                               emu::FRACTAL_BYTES, emu::FRACTAL_BYTES);
+    }
+    emu::EndInstruction();
+}
+
+// int8 x int8 -> int32 on the Cube unit, exactly, in the fractal layouts of L0A, L0B and L0C (see the header).
+template <typename T, typename U, typename S>
+void Mmad(const LocalTensor<T>& dst, const LocalTensor<U>& fm, const LocalTensor<S>& filter, const MmadParams& p) {
+    static_assert(std::is_same<T, int32_t>::value && std::is_same<U, int8_t>::value && std::is_same<S, int8_t>::value,
+                  "Mmad: only int8 x int8 -> int32 is modelled");
+    emu::CubeOperand(dst, {TPosition::CO1}, emu::BufState::ALLOCATED, "Mmad", "dst");
+    emu::CubeOperand(fm, {TPosition::A2}, emu::BufState::DEQUEUED, "Mmad", "fm (A)");
+    emu::CubeOperand(filter, {TPosition::B2}, emu::BufState::DEQUEUED, "Mmad", "filter (B)");
+    if (p.m == 0 || p.n == 0 || p.k == 0 || p.m > 4095 || p.n > 4095 || p.k > 4095) {
+        Fail("Mmad: m, n, k must lie in 1 .. 4095; got " + std::to_string(p.m) + ", " + std::to_string(p.n) + ", " +
+             std::to_string(p.k));
+    }
+    if (p.isBias || p.cmatrixSource || p.fmOffset != 0 || p.enSsparse || p.enWinogradA || p.enWinogradB) {
+        Fail("Mmad: bias tables, C sources, offsets, sparsity and Winograd are not modelled");
+    }
+    if (emu::InMemory(dst.EmuAddress()) % (emu::L0C_FRACTAL * sizeof(int32_t)) != 0) {
+        Fail("Mmad: dst is not 256-element aligned in L0C");
+    }
+    if (emu::InMemory(fm.EmuAddress()) % emu::FRACTAL_BYTES != 0 ||
+        emu::InMemory(filter.EmuAddress()) % emu::FRACTAL_BYTES != 0) {
+        Fail("Mmad: A and B must start 512-byte aligned in L0A and L0B");
+    }
+    const uint32_t m1 = (p.m + 15) / 16, n1 = (p.n + 15) / 16, k1 = (p.k + 31) / 32;
+    const bool gemv = p.m == 1;   // A read as ND
+    if ((gemv ? p.k : static_cast<uint64_t>(m1) * k1 * emu::FRACTAL_BYTES) > fm.GetSize() ||
+        static_cast<uint64_t>(k1) * n1 * emu::FRACTAL_BYTES > filter.GetSize() ||
+        static_cast<uint64_t>(m1) * n1 * emu::L0C_FRACTAL > dst.GetSize()) {
+        Fail("Mmad: the operands' fractals lie outside their tensors");
+    }
+    const int8_t* a = emu::Data(fm);
+    const int8_t* b = emu::Data(filter);
+    int32_t* c = emu::Data(dst);
+    for (uint32_t i = 0; i < p.m; ++i) {
+        for (uint32_t j = 0; j < p.n; ++j) {
+            int64_t sum = 0;
+            for (uint32_t l = 0; l < p.k; ++l) {
+                const uint64_t ai = gemv ? l : (static_cast<uint64_t>(i / 16) * k1 + l / 32) * emu::FRACTAL_BYTES +
+                                                   (i % 16) * 32 + l % 32;
+                const uint64_t bi = (static_cast<uint64_t>(l / 32) * n1 + j / 16) * emu::FRACTAL_BYTES +
+                                    (j % 16) * 32 + l % 32;
+                sum += static_cast<int64_t>(a[ai]) * b[bi];
+            }
+            int32_t& out = c[(static_cast<uint64_t>(j / 16) * m1 + i / 16) * emu::L0C_FRACTAL + (i % 16) * 16 + j % 16];
+            const int64_t total = p.cmatrixInitVal ? sum : sum + out;
+            if (total < INT32_MIN || total > INT32_MAX) {
+                Fail("Mmad: an int32 accumulator left int32 (overflow is undocumented on A2; keep sums in range)");
+            }
+            out = static_cast<int32_t>(total);
+        }
+    }
+    emu::EndInstruction();
+}
+
+// L0C -> GM through the fixpipe, int32 -> int32 (no quantisation), NZ -> ND.
+template <typename T, typename U>
+void Fixpipe(const GlobalTensor<T>& dst, const LocalTensor<U>& src, const FixpipeParamsV220& p) {
+    static_assert(std::is_same<T, int32_t>::value && std::is_same<U, int32_t>::value,
+                  "Fixpipe: only int32 -> int32 without quantisation is modelled");
+    emu::CubeOperand(src, {TPosition::CO1}, emu::BufState::DEQUEUED, "Fixpipe", "src");
+    if (p.mSize == 0 || p.nSize == 0) return;
+    if (p.srcStride % 16 != 0 || p.srcStride < p.mSize || p.dstStride < p.nSize) {
+        Fail("Fixpipe: srcStride must be a multiple of 16 of at least mSize, dstStride at least nSize");
+    }
+    const uint32_t m1 = p.srcStride / 16, n1 = (p.nSize + 15) / 16;
+    if (static_cast<uint64_t>(m1) * n1 * emu::L0C_FRACTAL > src.GetSize()) Fail("Fixpipe: source outside L0C tensor");
+    dst.Check(0, static_cast<uint64_t>(p.mSize - 1) * p.dstStride + p.nSize, "Fixpipe");
+    const int32_t* c = emu::Data(src);
+    for (uint32_t i = 0; i < p.mSize; ++i) {
+        for (uint32_t j = 0; j < p.nSize; ++j) {
+            dst.EmuAddress()[static_cast<uint64_t>(i) * p.dstStride + j] =
+                c[(static_cast<uint64_t>(j / 16) * m1 + i / 16) * emu::L0C_FRACTAL + (i % 16) * 16 + j % 16];
+        }
     }
     emu::EndInstruction();
 }

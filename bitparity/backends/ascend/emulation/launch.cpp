@@ -35,8 +35,11 @@ void bitparity_filter_logits(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR top
                              uint32_t rows, uint32_t cols);
 void bitparity_sample(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR topP, GM_ADDR minP, GM_ADDR greedy,
                       GM_ADDR seeds, GM_ADDR positions, GM_ADDR tokens, uint32_t rows, uint32_t cols);
-void bitparity_linear(GM_ADDR x, GM_ADDR weightT, GM_ADDR bias, GM_ADDR y, uint32_t m, uint32_t k, uint32_t n,
-                      uint32_t hasBias);
+void bitparity_linear_quantise(GM_ADDR v, GM_ADDR digits, GM_ADDR meta, uint32_t rows, uint32_t cols,
+                               uint32_t rowsPadded, uint32_t colsPadded);
+void bitparity_linear_digits(GM_ADDR a, GM_ADDR b, GM_ADDR t, uint32_t mPad, uint32_t nPad, uint32_t kPad);
+void bitparity_linear_round(GM_ADDR t, GM_ADDR metaX, GM_ADDR metaW, GM_ADDR x, GM_ADDR w, GM_ADDR bias, GM_ADDR y,
+                            uint32_t m, uint32_t n, uint32_t k, uint32_t mPad, uint32_t nPad, uint32_t hasBias);
 void bitparity_rms_norm(GM_ADDR x, GM_ADDR weight, GM_ADDR y, uint32_t rows, uint32_t cols, float eps);
 void bitparity_rotary(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR y, uint32_t rows, uint32_t cols);
 void bitparity_attention(GM_ADDR q, GM_ADDR kT, GM_ADDR v, GM_ADDR kvLengths, GM_ADDR out, uint32_t groups,
@@ -64,8 +67,6 @@ void bitparity_ppo_policy_loss_backward(GM_ADDR logp, GM_ADDR oldLogp, GM_ADDR a
                                         float ratioHigh, float dualClip, float ratioClamp);
 void bitparity_fold_rows(GM_ADDR c, GM_ADDR order, GM_ADDR positions, GM_ADDR starts, GM_ADDR out, uint32_t m,
                          uint32_t f, uint32_t segments, uint32_t rows);
-void bitparity_weight_grad(GM_ADDR x, GM_ADDR g, GM_ADDR positions, GM_ADDR dw, uint32_t m, uint32_t k, uint32_t n,
-                           uint32_t rows);
 void bitparity_rms_norm_backward(GM_ADDR x, GM_ADDR weight, GM_ADDR g, GM_ADDR dx, GM_ADDR terms, uint32_t rows,
                                  uint32_t cols, float eps);
 void bitparity_silu_mul_backward(GM_ADDR gate, GM_ADDR up, GM_ADDR g, GM_ADDR dGate, GM_ADDR dUp, uint32_t n);
@@ -189,10 +190,28 @@ int bp_sample(uint32_t blocks, GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR t
     });
 }
 
-int bp_linear(uint32_t blocks, GM_ADDR x, GM_ADDR weightT, GM_ADDR bias, GM_ADDR y, uint32_t m, uint32_t k,
-              uint32_t n, uint32_t hasBias)
+// Four launches, in order on one stream as the binding queues them: x's rows and the weight's rows to digits
+// (kernels/linear.cpp pads rows to 16 and K to 32), the digit products on the Cube unit, the rounding.
+// Workspaces: digitsX int8 [4, mPad, kPad], digitsW int8 [4, nPad, kPad], metaX int32 [mPad, 8], metaW int32
+// [nPad, 8], t int32 [chunks, 7, mPad, nPad].
+int bp_linear(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR bias, GM_ADDR y, GM_ADDR digitsX, GM_ADDR digitsW,
+              GM_ADDR metaX, GM_ADDR metaW, GM_ADDR t, uint32_t m, uint32_t k, uint32_t n, uint32_t hasBias)
 {
-    return bp_emulation::Launch(blocks, [&] { bitparity_linear(x, weightT, bias, y, m, k, n, hasBias); });
+    const uint32_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
+    int status = bp_emulation::Launch(blocks, [&] { bitparity_linear_quantise(x, digitsX, metaX, m, k, mPad, kPad); });
+    if (status == 0) {
+        status = bp_emulation::Launch(blocks,
+                                      [&] { bitparity_linear_quantise(weight, digitsW, metaW, n, k, nPad, kPad); });
+    }
+    if (status == 0) {
+        status = bp_emulation::Launch(blocks, [&] { bitparity_linear_digits(digitsX, digitsW, t, mPad, nPad, kPad); });
+    }
+    if (status == 0) {
+        status = bp_emulation::Launch(blocks, [&] {
+            bitparity_linear_round(t, metaX, metaW, x, weight, bias, y, m, n, k, mPad, nPad, hasBias);
+        });
+    }
+    return status;
 }
 
 int bp_rms_norm(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR y, uint32_t rows, uint32_t cols, float eps)
@@ -301,12 +320,6 @@ int bp_fold_rows(uint32_t blocks, GM_ADDR c, GM_ADDR order, GM_ADDR positions, G
 {
     return bp_emulation::Launch(blocks,
                                 [&] { bitparity_fold_rows(c, order, positions, starts, out, m, f, segments, rows); });
-}
-
-int bp_weight_grad(uint32_t blocks, GM_ADDR x, GM_ADDR g, GM_ADDR positions, GM_ADDR dw, uint32_t m, uint32_t k,
-                   uint32_t n, uint32_t rows)
-{
-    return bp_emulation::Launch(blocks, [&] { bitparity_weight_grad(x, g, positions, dw, m, k, n, rows); });
 }
 
 int bp_rms_norm_backward(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR g, GM_ADDR dx, GM_ADDR terms,

@@ -1,7 +1,8 @@
 // Many canonical dot products at once on the Vector unit: y[n] = dot(x, w[:, n])
-// for a block of columns n, in spec 3's order over k (spec 24: dot(a, b) is the
-// canonical sum of the products a_k * b_k, each rounded once).  linear.cpp and
-// attention.cpp (scores and the weighted sum of values) are built on it.
+// for a block of columns n, in spec 3's order over k (spec 24.4: dot(a, b) is the
+// canonical sum of the products a_k * b_k, each rounded once).  attention.cpp
+// (scores and the weighted sum of values) is built on it; linear.cpp, since spec
+// 2.0.0 an exact integer product, runs on the Cube unit instead.
 //
 // The operand w is read as a [K, N] row-major matrix wT (row k holds w[k, n] for
 // every n; linear passes torch's weight transposed, attention passes k transposed

@@ -360,35 +360,45 @@ void CheckShaped(const at::Tensor& t, const at::Tensor& x, at::IntArrayRef sizes
                 " on x's device");
 }
 
-// Output-column blocks of kernels/linear.cpp (its DotTiles' width: 8192 floats over the tree width of K,
-// a multiple of 8 in [8, 1024]); the launch's size only, never a bit.
-int64_t LinearBlocks(int64_t k, int64_t n)
-{
-    int64_t tree = 1;
-    while (tree < k && tree < int64_t(bitparity::LANES)) {
-        tree *= 2;
-    }
-    const int64_t width = std::min(std::max<int64_t>(8, 8192 / tree / 8 * 8), (std::min<int64_t>(n, 1024) + 7) / 8 * 8);
-    return (n + width - 1) / width;
-}
+// linear (spec 24.1): kernels/linear.cpp's four launches in order on the stream, as the emulation's bp_linear:
+// x's rows and the weight's rows to int8 digits (rows padded to 16, K to 32), the Cube unit's digit products
+// (int32 partials per chunk of LINEAR_CHUNK_K terms and digit weight), the rounding and the bias.  The
+// workspaces are NPU tensors of this call.  Each kernel spreads its items over the cores it is given; the count
+// changes no bit.
+constexpr int64_t LINEAR_DIGITS = 4;
+constexpr int64_t LINEAR_CHUNK_K = 8192;
 
-// The kernel reads the weight as [K, N]: the transpose is a copy on the NPU (no arithmetic).
 at::Tensor LinearOp(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias)
 {
     const c10::DeviceGuard guard(x.device());
-    CheckX(x, 2);
+    TORCH_CHECK(x.device().type() == c10::DeviceType::PrivateUse1, "bitparity (ascend): x must be an NPU tensor");
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+                "bitparity (ascend): x must be a contiguous float32 tensor [M, K]");
     const int64_t m = x.size(0), k = x.size(1);
     TORCH_CHECK(weight.dim() == 2, "bitparity (ascend): weight must be [N, K]");
     const int64_t n = weight.size(0);
     CheckShaped(weight, x, {n, k}, "weight");
-    TORCH_CHECK(n * k < (int64_t(1) << 32), "bitparity (ascend): a weight of fewer than 2**32 elements");
     if (bias.has_value()) {
         CheckShaped(*bias, x, {n}, "bias");
     }
-    at::Tensor weightT = weight.t().contiguous();
+    const int64_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
+    const int64_t chunks = (kPad + LINEAR_CHUNK_K - 1) / LINEAR_CHUNK_K;
+    TORCH_CHECK(std::max(mPad, nPad) * kPad * LINEAR_DIGITS < (int64_t(1) << 32) &&
+                    chunks * (2 * LINEAR_DIGITS - 1) * mPad * nPad < (int64_t(1) << 32),
+                "bitparity (ascend): linear's operands and partials must have fewer than 2**32 elements");
+    const at::TensorOptions bytes = x.options().dtype(at::kChar), words = x.options().dtype(at::kInt);
+    at::Tensor digitsX = at::empty({LINEAR_DIGITS * mPad * kPad}, bytes);
+    at::Tensor digitsW = at::empty({LINEAR_DIGITS * nPad * kPad}, bytes);
+    at::Tensor metaX = at::empty({mPad, 8}, words);
+    at::Tensor metaW = at::empty({nPad, 8}, words);
+    at::Tensor partials = at::empty({chunks, 2 * LINEAR_DIGITS - 1, mPad, nPad}, words);
     at::Tensor out = at::empty({m, n}, x.options());
-    BITPARITY_LAUNCH(bitparity_linear, Blocks(LinearBlocks(k, n)), Gm(x), Gm(weightT),
-                     bias.has_value() ? Gm(*bias) : nullptr, Gm(out), m, k, n, bias.has_value());
+    const uint32_t blocks = Blocks(std::max(mPad, nPad));
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(x), Gm(digitsX), Gm(metaX), m, k, mPad, kPad);
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(weight), Gm(digitsW), Gm(metaW), n, k, nPad, kPad);
+    BITPARITY_LAUNCH(bitparity_linear_digits, blocks, Gm(digitsX), Gm(digitsW), Gm(partials), mPad, nPad, kPad);
+    BITPARITY_LAUNCH(bitparity_linear_round, blocks, Gm(partials), Gm(metaX), Gm(metaW), Gm(x), Gm(weight),
+                     bias.has_value() ? Gm(*bias) : nullptr, Gm(out), m, n, k, mPad, nPad, bias.has_value());
     return out;
 }
 
@@ -646,31 +656,6 @@ at::Tensor FoldRowsOp(const at::Tensor& c, const at::Tensor& order, const at::Te
     return out;
 }
 
-// Tiles of kernels/linear.cpp's weight gradient: kb columns of k (a multiple of 8, at most 256), 1024 / kb rows of
-// n; the launch's size only, never a bit.
-int64_t WeightGradTiles(int64_t k, int64_t n)
-{
-    const int64_t kb = std::min<int64_t>((k + 7) / 8 * 8, 256);
-    const int64_t nb = std::min<int64_t>(1024 / kb, n);
-    return (n + nb - 1) / nb * ((k + kb - 1) / kb);
-}
-
-at::Tensor WeightGradOp(const at::Tensor& x, const at::Tensor& g, const at::Tensor& positions, int64_t rows)
-{
-    const c10::DeviceGuard guard(x.device());
-    CheckMatrix(x, "x");
-    CheckMatrix(g, "g");
-    CheckFoldRows(rows);
-    const int64_t m = x.size(0), k = x.size(1), n = g.size(1);
-    TORCH_CHECK(g.size(0) == m && g.device() == x.device(), "bitparity (ascend): g must be [M, N] on x's device");
-    CheckIndices(positions, x, m, "positions");
-    TORCH_CHECK(n * k < (int64_t(1) << 32), "bitparity (ascend): a weight of fewer than 2**32 elements");
-    at::Tensor dw = at::empty({n, k}, x.options());
-    BITPARITY_LAUNCH(bitparity_weight_grad, Blocks(WeightGradTiles(k, n)), Gm(x), Gm(g), Gm(positions), Gm(dw), m, k,
-                     n, rows);
-    return dw;
-}
-
 std::tuple<at::Tensor, at::Tensor> RmsNormBackwardOp(const at::Tensor& x, const at::Tensor& weight, double eps,
                                                      const at::Tensor& g)
 {
@@ -827,7 +812,6 @@ TORCH_LIBRARY(bitparity_ascend, m)
           "float ratio_high, float dual_clip, float ratio_clamp, int agg, Tensor g) -> Tensor");
     // Training (spec 29)
     m.def("fold_rows(Tensor c, Tensor order, Tensor positions, Tensor starts, int rows) -> Tensor");
-    m.def("weight_grad(Tensor x, Tensor g, Tensor positions, int rows) -> Tensor");
     m.def("rms_norm_backward(Tensor x, Tensor weight, float eps, Tensor g) -> (Tensor, Tensor)");
     m.def("silu_mul_backward(Tensor gate, Tensor up, Tensor g) -> (Tensor, Tensor)");
     m.def("attention_backward(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale, Tensor g) "
@@ -872,7 +856,6 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("kl_penalty_backward", TORCH_FN(bitparity_npu::KlPenaltyBackwardOp));
     m.impl("ppo_policy_loss_backward", TORCH_FN(bitparity_npu::PpoPolicyLossBackwardOp));
     m.impl("fold_rows", TORCH_FN(bitparity_npu::FoldRowsOp));
-    m.impl("weight_grad", TORCH_FN(bitparity_npu::WeightGradOp));
     m.impl("rms_norm_backward", TORCH_FN(bitparity_npu::RmsNormBackwardOp));
     m.impl("silu_mul_backward", TORCH_FN(bitparity_npu::SiluMulBackwardOp));
     m.impl("attention_backward", TORCH_FN(bitparity_npu::AttentionBackwardOp));
