@@ -16,8 +16,8 @@ SEGMENT = 16384       # S: elements per segment, a multiple of LANES
 NEG_ZERO_BITS = 0x80000000   # -0.0, the exact additive identity used as padding
 
 # -- linear (spec sections 24.1, 29.2) -------------------------------------------
-LINEAR_BX = 29        # bits of a quantised x entry (sign included): RNE(x * 2^(BX-2-E)), |Q| <= 2^(BX-1)
-LINEAR_BW = 29        # the same for a weight entry (and for g, x in the backward)
+LINEAR_BX = 39        # bits of a quantised x entry (sign included): RNE(x * 2^(BX-2-E)), |Q| <= 2^(BX-1)
+LINEAR_BW = 29        # the same for a weight entry (x's outlier channels need more bits than weights: spec 24.1)
 LINEAR_GRAD_BLOCK = 32   # T_b: dW and db are exact over blocks of this many rows, then row-folded across blocks
 
 # -- exp (spec section 5) -----------------------------------------------------

@@ -724,12 +724,14 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
 
 # -- Model building blocks (spec 24) ----------------------------------------------
 
-# linear (spec 24.1) is exact integer arithmetic. The exact sums S are formed from 15-bit digits multiplied in
-# binary64 matrix products: every digit, product and partial sum is an integer below 2^53, so every binary64
-# operation on them is exact in any order, and the products are read back as int64. Nothing is rounded until
-# _round_scaled rounds S once, with integer operations.
-_DIGIT_BITS = 15
-_EXACT_K = 1 << 24        # K per binary64 product: |digit products| <= 2^28, so partial sums stay below 2^52
+# linear (spec 24.1) is exact integer arithmetic. The exact sums S are formed from base-2^13 digits (three per
+# entry: |Q| <= 2^38) multiplied in binary64 matrix products: every digit, product (at most (2^12 + 1)^2) and
+# partial sum (K <= 2^28 per product) is an integer below 2^53, so every binary64 operation on them is exact in any
+# order, and the products are read back as int64 and carried into 30-bit limbs. Nothing is rounded until
+# round_scaled rounds S once, with integer operations. (The two-limb form below holds S for K < 2^26.)
+_DIGIT_BITS = 13
+_DIGITS = 3
+_EXACT_K = 1 << 28
 _LIMB_BITS = 30           # S = hi * 2^30 + lo with 0 <= lo < 2^30, both int64
 
 
@@ -778,26 +780,35 @@ def quantise_rows(v, bits):
 
 
 def _digits(q):
-    """int64 Q, |Q| <= 2^30 -> (high, low) binary64 with Q = high * 2^15 + low, low in [-2^14, 2^14)."""
-    low = ((q + (1 << (_DIGIT_BITS - 1))) & ((1 << _DIGIT_BITS) - 1)) - (1 << (_DIGIT_BITS - 1))
-    return ((q - low) >> _DIGIT_BITS).astype(np.float64), low.astype(np.float64)
+    """int64 Q, |Q| <= 2^38 -> _DIGITS binary64 planes d_i with Q = sum_i d_i 2^(13 i), d_i in [-2^12, 2^12) below
+    the top one."""
+    out = []
+    for _ in range(_DIGITS - 1):
+        low = ((q + (1 << (_DIGIT_BITS - 1))) & ((1 << _DIGIT_BITS) - 1)) - (1 << (_DIGIT_BITS - 1))
+        out.append(low.astype(np.float64))
+        q = (q - low) >> _DIGIT_BITS
+    return out + [q.astype(np.float64)]
 
 
 def exact_products(qx, qw):
     """Qx [M, K], Qw [N, K] int64 -> (hi, lo) int64 [M, N] with S = sum_k Qx[m, k] Qw[n, k] = hi * 2^30 + lo,
-    0 <= lo < 2^30, exactly: four digit products per K chunk (each exact, see above), carried into two limbs."""
+    0 <= lo < 2^30, exactly: the digit products per K chunk (each exact, see above), each split at 2^30 and added
+    at its weight 2^(13 (i + j)) into three 30-bit limbs, then carried."""
     m, n = qx.shape[0], qw.shape[0]
-    hi, lo = np.zeros((m, n), dtype=np.int64), np.zeros((m, n), dtype=np.int64)
+    limbs = [np.zeros((m, n), dtype=np.int64) for _ in range(3)]
+    mask = (1 << _LIMB_BITS) - 1
     for start in range(0, max(qx.shape[1], 1), _EXACT_K):
-        xh, xl = _digits(qx[:, start:start + _EXACT_K])
-        wh, wl = _digits(qw[:, start:start + _EXACT_K])
-        p_hh = (xh @ wh.T).astype(np.int64)                                  # weight 2^30
-        p_mid = (xh @ wl.T).astype(np.int64) + (wh @ xl.T).T.astype(np.int64)   # weight 2^15
-        p_ll = (xl @ wl.T).astype(np.int64)                                  # weight 1
-        low = lo + (p_ll & ((1 << _LIMB_BITS) - 1)) + ((p_mid & ((1 << _DIGIT_BITS) - 1)) << _DIGIT_BITS)
-        hi = hi + p_hh + (p_ll >> _LIMB_BITS) + (p_mid >> _DIGIT_BITS) + (low >> _LIMB_BITS)
-        lo = low & ((1 << _LIMB_BITS) - 1)
-    return hi, lo
+        xd, wd = _digits(qx[:, start:start + _EXACT_K]), _digits(qw[:, start:start + _EXACT_K])
+        for i in range(_DIGITS):
+            for j in range(_DIGITS):
+                p = (xd[i] @ wd[j].T).astype(np.int64)                      # |p| < 2^53
+                limb, shift = divmod(_DIGIT_BITS * (i + j), _LIMB_BITS)     # limb <= 1, shift < 30
+                limbs[limb] = limbs[limb] + ((p & mask) << shift)           # < 2^59
+                limbs[limb + 1] = limbs[limb + 1] + ((p >> _LIMB_BITS) << shift)
+        for j in range(2):                                                    # carry: 0 <= limbs[0], limbs[1] < 2^30
+            limbs[j + 1] = limbs[j + 1] + (limbs[j] >> _LIMB_BITS)
+            limbs[j] = limbs[j] & mask
+    return (limbs[2] << _LIMB_BITS) + limbs[1], limbs[0]
 
 
 def round_scaled(hi, lo, p):
@@ -810,7 +821,7 @@ def round_scaled(hi, lo, p):
     mag_hi = np.where(negative, -hi - borrow, hi)
     mag_lo = np.where(borrow, (1 << _LIMB_BITS) - lo, np.where(negative, np.int64(0), lo))
     length = np.where(mag_hi > 0, _bit_length(mag_hi) + _LIMB_BITS, _bit_length(mag_lo))
-    drop = np.maximum(length - 62, 0)                                        # < 30: mag_hi < 2^52
+    drop = np.maximum(length - 62, 0)                                        # <= 30 while mag_hi < 2^62
     window = (mag_hi << (_LIMB_BITS - drop)) | (mag_lo >> drop)              # |S| >> drop, below 2^62
     sticky = ((mag_lo & ((np.int64(1) << drop) - 1)) != 0).astype(np.int64)
     r = np.maximum(length - 24, -149 - p)                                    # the result's lsb is 2^(r + p)

@@ -18,8 +18,7 @@ from bitparity import spec
 from bitparity.reference import canonical
 
 F32 = np.float32
-B = spec.LINEAR_BX
-assert spec.LINEAR_BW == B
+BX, BW = spec.LINEAR_BX, spec.LINEAR_BW
 
 
 def _exponent(v):
@@ -32,13 +31,13 @@ def _exponent(v):
     return e
 
 
-def _quantise(row):
+def _quantise(row, bits):
     values = [Fraction(float(v)) for v in row]
     nonzero = [v for v in values if v != 0]
     if not nonzero:
         return [0] * len(values), 0
     e = max(_exponent(v) for v in nonzero)
-    return [round(v * Fraction(2) ** (B - 2 - e)) for v in values], e
+    return [round(v * Fraction(2) ** (bits - 2 - e)) for v in values], e
 
 
 def _to_binary32(v):
@@ -56,14 +55,14 @@ def _to_binary32(v):
 def _oracle(x, w, bias=None):
     out = np.empty((x.shape[0], w.shape[0]), dtype=F32)
     for m in range(x.shape[0]):
-        qx, ex = _quantise(x[m]) if np.all(np.isfinite(x[m])) else (None, None)
+        qx, ex = _quantise(x[m], BX) if np.all(np.isfinite(x[m])) else (None, None)
         for n in range(w.shape[0]):
             if not (np.all(np.isfinite(x[m])) and np.all(np.isfinite(w[n]))):
                 out[m, n] = F32(sum(float(a) * float(b) for a, b in zip(x[m], w[n])))
                 continue
-            qw, ew = _quantise(w[n])
+            qw, ew = _quantise(w[n], BW)
             s = sum(a * b for a, b in zip(qx, qw))
-            out[m, n] = _to_binary32(Fraction(s) * Fraction(2) ** (ex + ew - 2 * (B - 2)))
+            out[m, n] = _to_binary32(Fraction(s) * Fraction(2) ** (ex + ew - (BX - 2) - (BW - 2)))
     return out if bias is None else out + bias[None, :]
 
 
@@ -153,8 +152,8 @@ def test_random_rows_match_the_oracle(k):
 
 @pytest.mark.parametrize("k", [1, 64, 16384])
 def test_adversarial_digits_at_the_largest_quantised_magnitude(k):
-    # Every |Q| = 2^28 - 16, the largest a binary32 quantises to, all of one sign (S near k * 2^56, 71 bits at
-    # K = 16384) and alternating (cancellation down to one product).
+    # Every |Q| at the largest a binary32 quantises to (2^38 - 2^14 for x, 2^28 - 16 for the weight), all of one
+    # sign (S near k * 2^66, 80 bits at K = 16384) and alternating (cancellation down to one product).
     top = F32(np.nextafter(F32(2), F32(0)))
     x = np.stack([np.full(k, top), np.resize(np.array([top, -top], F32), k)])
     w = np.stack([np.full(k, -top), np.full(k, top)]).astype(F32)
@@ -166,8 +165,9 @@ def test_quantisation_bits_and_exponents():
     v = (rng.standard_normal((5, 33)) * np.exp2(rng.integers(-160, 120, (5, 33)))).astype(F32)
     v[3] = 0
     v[4, 5] = F32(2.0 ** -149)
-    q, e, finite = canonical.quantise_rows(v, B)
-    for r in range(5):
-        want_q, want_e = _quantise(v[r])
-        assert q[r].tolist() == want_q and e[r] == want_e
-    assert finite.all() and np.abs(q).max() <= 2 ** (B - 1)
+    for bits in (BX, BW):
+        q, e, finite = canonical.quantise_rows(v, bits)
+        for r in range(5):
+            want_q, want_e = _quantise(v[r], bits)
+            assert q[r].tolist() == want_q and e[r] == want_e
+        assert finite.all() and np.abs(q).max() <= 2 ** (bits - 1)

@@ -321,7 +321,8 @@ class Build:
         return out
 
     def linear(self, x, weight, bias):
-        return _linear.linear(self._lib, x, weight, bias, _threads(16 * x.shape[0] * x.shape[1] * weight.shape[0]))
+        work = _linear.X_SLICES * _linear.W_SLICES * x.shape[0] * x.shape[1] * weight.shape[0]
+        return _linear.linear(self._lib, x, weight, bias, _threads(work))
 
     def rms_norm(self, x, weight, eps):
         out = torch.empty_like(x)

@@ -1,6 +1,7 @@
-"""linear (spec 24.1) on the `cpu` backend: linear.c quantises the rows into four int8 digit slices and rounds
-the exact sum once; between them, the 16 slice products are one int8 GEMM: torch._int_mm (oneDNN; VNNI on
-this machine) where a probe at first use proved it exact on the running CPU, else linear.c's bp_int8_gemm.
+"""linear (spec 24.1) on the `cpu` backend: linear.c quantises the rows into balanced int8 digit slices (five
+for x's 39 bits, four for the weight's 29) and rounds the exact sum once; between them, the 20 slice products
+are one int8 GEMM: torch._int_mm (oneDNN; VNNI on this machine) where a probe at first use proved it exact on
+the running CPU, else linear.c's bp_int8_gemm.
 
 oneDNN's exactness depends on the ISA it dispatches to: without VNNI its u8 x s8 pair sums saturate at int16
 (127 * 127 * 2 gives 255), so every process proves it again (docs/benchmarks.md, notes on issue 24).
@@ -19,9 +20,17 @@ from ... import spec
 # |d d'| <= 2^14 for int8 digits, so up to 131071 products sum exactly in int32 in any order, saturating or
 # wrapping; longer rows are cut into chunks whose int32 sums linear.c adds in 128 bits.
 CHUNK_K = 131071
-# Rows of x per pass, so the [16 pairs, rows, n] int32 partials stay near this many bytes.
+# Rows of x per pass, so the [20 pairs, rows, n] int32 partials stay near this many bytes.
 PARTIAL_BYTES = 64 << 20
 _OFFSET = (spec.LINEAR_BX - 2) + (spec.LINEAR_BW - 2)
+
+
+def slices(bits):
+    """Balanced int8 digits needed for a B-bit Q: s digits hold |Q| <= 127 (256^s - 1) / 255, B <= 8 s - 1."""
+    return (bits + 8) // 8
+
+
+X_SLICES, W_SLICES = slices(spec.LINEAR_BX), slices(spec.LINEAR_BW)
 
 
 def _int_mm(a, b):
@@ -69,13 +78,13 @@ def _gemm(lib, a, b, threads):
 
 
 def quantise(lib, v, bits, threads):
-    """v [R, K] -> (digits int8 [4, R, K], exponent int32 [R], finite uint8 [R]) (linear.c)."""
+    """v [R, K] -> (digits int8 [slices(bits), R, K], exponent int32 [R], finite uint8 [R]) (linear.c)."""
     rows, k = v.shape
-    digits = torch.empty((4, rows, k), dtype=torch.int8)
+    digits = torch.empty((slices(bits), rows, k), dtype=torch.int8)
     exponent = torch.empty(rows, dtype=torch.int32)
     finite = torch.empty(rows, dtype=torch.uint8)
-    lib.bp_linear_quantise(v.data_ptr(), rows, k, bits, digits.data_ptr(), exponent.data_ptr(), finite.data_ptr(),
-                           threads)
+    lib.bp_linear_quantise(v.data_ptr(), rows, k, bits, slices(bits), digits.data_ptr(), exponent.data_ptr(),
+                           finite.data_ptr(), threads)
     return digits, exponent, finite
 
 
@@ -122,19 +131,19 @@ def linear(lib, x, weight, bias, threads):
     if m == 0 or n == 0:
         return out
     w_digits, ew, w_finite = WEIGHTS.quantised(lib, weight, threads)
-    w_slices = w_digits.reshape(4 * n, k)
-    rows = max(1, PARTIAL_BYTES // (64 * n))
+    w_slices = w_digits.reshape(W_SLICES * n, k)
+    rows = max(1, PARTIAL_BYTES // (4 * X_SLICES * W_SLICES * n))
     for start in range(0, m, rows):
         xs = x[start:start + rows]
         mb = xs.shape[0]
         x_digits, ex, x_finite = quantise(lib, xs, spec.LINEAR_BX, threads)
-        x_slices = x_digits.reshape(4 * mb, k)
+        x_slices = x_digits.reshape(X_SLICES * mb, k)
         chunks = [_gemm(lib, x_slices[:, c:c + CHUNK_K].contiguous(), w_slices[:, c:c + CHUNK_K].contiguous(),
                         threads) for c in range(0, k, CHUNK_K)] if k > CHUNK_K else [_gemm(lib, x_slices, w_slices,
                                                                                              threads)]
         partials = torch.stack(chunks) if len(chunks) > 1 else chunks[0].contiguous()
-        lib.bp_linear_round(partials.data_ptr(), len(chunks), mb, n, k, ex.data_ptr(), ew.data_ptr(),
-                            x_finite.data_ptr(), w_finite.data_ptr(), xs.data_ptr(), weight.data_ptr(),
+        lib.bp_linear_round(partials.data_ptr(), len(chunks), mb, n, k, X_SLICES, W_SLICES, ex.data_ptr(),
+                            ew.data_ptr(), x_finite.data_ptr(), w_finite.data_ptr(), xs.data_ptr(), weight.data_ptr(),
                             None if bias is None else bias.data_ptr(), _OFFSET, out[start:start + mb].data_ptr(),
                             threads)
     return out
@@ -142,10 +151,10 @@ def linear(lib, x, weight, bias, threads):
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
-    # v, rows, k, bits, digits, exponent, finite, threads
-    "bp_linear_quantise": ([_P, _I64, _I64, _INT, _P, _P, _P, _INT], None),
-    # partials, chunks, m, n, k, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
-    "bp_linear_round": ([_P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT], None),
+    # v, rows, k, bits, slices, digits, exponent, finite, threads
+    "bp_linear_quantise": ([_P, _I64, _I64, _INT, _INT, _P, _P, _P, _INT], None),
+    # partials, chunks, m, n, k, sx, sw, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
+    "bp_linear_round": ([_P, _I64, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT], None),
     # a, b, m, n, k, out, threads
     "bp_int8_gemm": ([_P, _P, _I64, _I64, _I64, _P, _INT], None),
 }

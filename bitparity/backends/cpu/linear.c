@@ -1,13 +1,14 @@
 /* linear (spec 24.1, 2.0.0) for the `cpu` backend: the exact integer product of the rows' fixed-point
- * quantisations, rounded once.  Three steps, the middle one an integer GEMM chosen in linear.py:
+ * quantisations, rounded once.  Three steps, the middle one an integer GEMM chosen in int_linear.py:
  *
- *   bp_linear_quantise  rows of binary32 -> Q = RNE(v * 2^(B-2-E)) as four balanced int8 digits per entry,
- *                       d0 + 2^8 d1 + 2^16 d2 + 2^24 d3 = Q, each d in [-128, 127], stored slice-major
- *                       ([4][rows][k]), with the row's exponent E and whether it is finite;
- *   (the GEMM)          P[i][j] = digits_i(x) . digits_j(w) over k for the 16 slice pairs, int32: exact, since
- *                       |d d'| <= 2^14 and the caller cuts k into chunks of at most LINEAR_CHUNK_K terms;
+ *   bp_linear_quantise  rows of binary32 -> Q = RNE(v * 2^(B-2-E)) as `slices` balanced int8 digits per entry,
+ *                       sum_s 2^(8s) d_s = Q, each d in [-128, 127] (s slices hold B <= 8s - 1 bits: five for
+ *                       x's 39, four for the weight's 29), stored slice-major ([slices][rows][k]), with the row's
+ *                       exponent E and whether it is finite;
+ *   (the GEMM)          P[i][j] = digits_i(x) . digits_j(w) over k for the 20 slice pairs, int32: exact, since
+ *                       |d d'| <= 2^14 and the caller cuts k into chunks of at most 131071 terms;
  *   bp_linear_round     S = sum over chunks and pairs of P[i][j] * 2^(8(i+j)) in a 128-bit integer (exact:
- *                       |S| <= k 2^56), rounded once to binary32 at 2^(Ex + Ew - (B-2) - (B-2)), pairs with a
+ *                       |S| <= k 2^66), rounded once to binary32 at 2^(Ex + Ew - (Bx-2) - (Bw-2)), pairs with a
  *                       non-finite row given their IEEE value instead, then the bias (one add).
  *
  * Integer addition is associative, so neither the GEMM's order nor the thread split can change a bit. */
@@ -28,7 +29,7 @@ ALWAYS_INLINE int exponent_of(uint32_t a)
 struct quantise_job {
     const float *v;
     int64_t rows, k;
-    int bits;
+    int bits, slices;
     int8_t *digits;
     int32_t *exponent;
     uint8_t *finite;
@@ -50,21 +51,21 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
         int32_t finite = top < 0x7F800000u;
         int e_row = (top == 0 || !finite) ? 0 : exponent_of(top);        /* an all-zero row: E = 0, Q = 0 */
         int8_t *d = c->digits + r * k;
-        /* Branch-free, so that gcc vectorises it: |v| = m 2^s, |Q| = RNE(m 2^t); a right shift by 25 or more
-         * leaves 0 (m < 2^24), so the shift is capped there; zeros give m = 0. */
+        /* Branch-free, so that gcc vectorises it: |v| = m 2^s, |Q| = RNE(m 2^t) < 2^(bits-1) <= 2^38; a right
+         * shift by 25 or more leaves 0 (m < 2^24), so the shift is capped there; zeros give m = 0. */
         for (int64_t i = 0; i < k; i++) {
             uint32_t u = bits_of(row[i]), a = u & 0x7FFFFFFFu, biased = a >> 23;
             uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;
             int32_t s = biased ? (int32_t)biased - 150 : -149;
             int32_t t = s + c->bits - 2 - e_row;
-            uint32_t left = m << (t > 0 ? (t < 31 ? t : 31) : 0);
+            uint64_t left = (uint64_t)m << (t > 0 ? (t < 40 ? t : 40) : 0);
             int32_t rs = -t < 1 ? 1 : (-t > 25 ? 25 : -t);
             uint32_t q = m >> rs, rem = m & ((1u << rs) - 1), half = 1u << (rs - 1);
             uint32_t right = q + ((rem > half) | ((rem == half) & (q & 1)));
-            int32_t mag = (int32_t)(t >= 0 ? left : right) * finite;
-            int32_t v = (u >> 31) ? -mag : mag;
-            for (int sl = 0; sl < 4; sl++) {                                /* balanced base-256 digits */
-                int32_t digit = ((v + 128) & 255) - 128;
+            int64_t mag = (int64_t)(t >= 0 ? left : right) * finite;
+            int64_t v = (u >> 31) ? -mag : mag;
+            for (int sl = 0; sl < c->slices; sl++) {                        /* balanced base-256 digits */
+                int64_t digit = ((v + 128) & 255) - 128;
                 d[sl * plane + i] = (int8_t)digit;
                 v = (v - digit) >> 8;
             }
@@ -74,11 +75,12 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* v [rows, k] -> digits int8 [4][rows][k], exponent int32 [rows], finite uint8 [rows]; bits = B <= 31. */
-void bp_linear_quantise(const float *v, int64_t rows, int64_t k, int bits, int8_t *digits, int32_t *exponent,
-                        uint8_t *finite, int nthreads)
+/* v [rows, k] -> digits int8 [slices][rows][k], exponent int32 [rows], finite uint8 [rows]; bits = B <= 8 slices - 1
+ * and <= 39. */
+void bp_linear_quantise(const float *v, int64_t rows, int64_t k, int bits, int slices, int8_t *digits,
+                        int32_t *exponent, uint8_t *finite, int nthreads)
 {
-    const struct quantise_job c = {v, rows, k, bits, digits, exponent, finite};
+    const struct quantise_job c = {v, rows, k, bits, slices, digits, exponent, finite};
     bp_parallel_for(quantise_span, &c, rows, nthreads);
 }
 
@@ -132,8 +134,9 @@ static float nonfinite_pair(const float *x, const float *w, int64_t k)
 }
 
 struct round_job {
-    const int32_t *partials;        /* [chunks][4m][4n] */
+    const int32_t *partials;        /* [chunks][sx m][sw n] */
     int64_t chunks, m, n, k;
+    int sx, sw;                     /* slices of x and of the weight */
     const int32_t *ex, *ew;
     const uint8_t *x_finite, *w_finite;
     const float *x, *w, *bias;
@@ -144,9 +147,9 @@ struct round_job {
 static void round_span(const void *ctx, int64_t begin, int64_t end)
 {
     const struct round_job *c = ctx;
-    const int64_t m = c->m, n = c->n, ld = 4 * n, chunk = 16 * m * n;
-    i128 weight[7];                 /* 2^(8w): products, since left shifts of negative integers are undefined */
-    for (int w = 0; w < 7; w++)
+    const int64_t m = c->m, n = c->n, ld = c->sw * n, chunk = c->sx * c->sw * m * n;
+    i128 weight[16];                /* 2^(8w): products, since left shifts of negative integers are undefined */
+    for (int w = 0; w < 16; w++)
         weight[w] = (i128)1 << (8 * w);
     for (int64_t r = begin; r < end; r++) {
         for (int64_t col = 0; col < n; col++) {
@@ -155,8 +158,8 @@ static void round_span(const void *ctx, int64_t begin, int64_t end)
                 i128 s = 0;
                 for (int64_t t = 0; t < c->chunks; t++) {
                     const int32_t *p = c->partials + t * chunk + r * ld + col;
-                    for (int i = 0; i < 4; i++)
-                        for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < c->sx; i++)
+                        for (int j = 0; j < c->sw; j++)
                             s += (i128)p[i * m * ld + j * n] * weight[i + j];
                 }
                 y = round_scaled(s, c->ex[r] + c->ew[col] - c->offset);
@@ -168,13 +171,14 @@ static void round_span(const void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* partials int32 [chunks][4m][4n] (x slice i, row r at row i*m + r; weight slice j, row col at column
+/* partials int32 [chunks][sx m][sw n] (x slice i, row r at row i*m + r; weight slice j, row col at column
  * j*n + col) -> out [m, n]; x [m, k] and w [n, k] are read only for pairs with a non-finite row. */
-void bp_linear_round(const int32_t *partials, int64_t chunks, int64_t m, int64_t n, int64_t k, const int32_t *ex,
-                     const int32_t *ew, const uint8_t *x_finite, const uint8_t *w_finite, const float *x,
-                     const float *w, const float *bias, int offset, float *out, int nthreads)
+void bp_linear_round(const int32_t *partials, int64_t chunks, int64_t m, int64_t n, int64_t k, int sx, int sw,
+                     const int32_t *ex, const int32_t *ew, const uint8_t *x_finite, const uint8_t *w_finite,
+                     const float *x, const float *w, const float *bias, int offset, float *out, int nthreads)
 {
-    const struct round_job c = {partials, chunks, m, n, k, ex, ew, x_finite, w_finite, x, w, bias, offset, out};
+    const struct round_job c = {partials, chunks, m, n, k, sx, sw, ex, ew, x_finite, w_finite, x, w, bias, offset,
+                                out};
     bp_parallel_for(round_span, &c, m, nthreads);
 }
 
