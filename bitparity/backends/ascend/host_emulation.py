@@ -47,8 +47,10 @@ PHILOX_TILE = 256
 ATTENTION_MAX_KEYS = 16 * spec.SEGMENT
 ATTENTION_MAX_DIM = 256
 
-# kernels/linear.cpp: digits per quantised value, int32 partials per chunk of K, the Cube kernel's output tile.
-LINEAR_DIGITS = 4
+# kernels/linear.cpp: balanced int8 digits per quantised value of x and of the weight (s digits hold 8 s - 1 bits),
+# int32 partials per chunk of K, the Cube kernel's output tile.
+LINEAR_DIGITS_X = (spec.LINEAR_BX + 8) // 8
+LINEAR_DIGITS_W = (spec.LINEAR_BW + 8) // 8
 LINEAR_CHUNK_K = 8192
 LINEAR_TILE = 64
 
@@ -313,16 +315,17 @@ def linear(x, weight, bias, blocks=None):
     n = weight.shape[0]
     m_pad, n_pad, k_pad = -(-m // 16) * 16, -(-n // 16) * 16, -(-k // 32) * 32
     chunks = -(-k_pad // LINEAR_CHUNK_K)
-    if max(m_pad, n_pad) * k_pad * LINEAR_DIGITS >= 2**32 or chunks * 7 * m_pad * n_pad >= 2**32:
+    diagonals = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1
+    if max(m_pad, n_pad) * k_pad * LINEAR_DIGITS_X >= 2**32 or chunks * diagonals * m_pad * n_pad >= 2**32:
         raise ValueError(f"the Ascend C linear takes operands of fewer than 2**32 digits; got x {m} x {k}, weight "
                          f"{n} x {k}")
-    digits_x = torch.empty(LINEAR_DIGITS * m_pad * k_pad, dtype=torch.int8)
-    digits_w = torch.empty(LINEAR_DIGITS * n_pad * k_pad, dtype=torch.int8)
+    digits_x = torch.empty(LINEAR_DIGITS_X * m_pad * k_pad, dtype=torch.int8)
+    digits_w = torch.empty(LINEAR_DIGITS_W * n_pad * k_pad, dtype=torch.int8)
     meta_x = torch.empty(m_pad, 8, dtype=torch.int32)
     meta_w = torch.empty(n_pad, 8, dtype=torch.int32)
-    partials = torch.empty(chunks, 2 * LINEAR_DIGITS - 1, m_pad, n_pad, dtype=torch.int32)
+    partials = torch.empty(chunks, diagonals, m_pad, n_pad, dtype=torch.int32)
     y = torch.empty(m, n, dtype=torch.float32)
-    tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * (2 * LINEAR_DIGITS - 1) * chunks
+    tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * diagonals * chunks
     check(lib, lib.bp_linear(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(), _ptr(bias),
                              y.data_ptr(), digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(),
                              meta_w.data_ptr(), partials.data_ptr(), m, k, n, int(bias is not None)))

@@ -36,7 +36,7 @@ void bitparity_filter_logits(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR top
 void bitparity_sample(GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR topP, GM_ADDR minP, GM_ADDR greedy,
                       GM_ADDR seeds, GM_ADDR positions, GM_ADDR tokens, uint32_t rows, uint32_t cols);
 void bitparity_linear_quantise(GM_ADDR v, GM_ADDR digits, GM_ADDR meta, uint32_t rows, uint32_t cols,
-                               uint32_t rowsPadded, uint32_t colsPadded);
+                               uint32_t rowsPadded, uint32_t colsPadded, uint32_t isWeight);
 void bitparity_linear_digits(GM_ADDR a, GM_ADDR b, GM_ADDR t, uint32_t mPad, uint32_t nPad, uint32_t kPad);
 void bitparity_linear_round(GM_ADDR t, GM_ADDR metaX, GM_ADDR metaW, GM_ADDR x, GM_ADDR w, GM_ADDR bias, GM_ADDR y,
                             uint32_t m, uint32_t n, uint32_t k, uint32_t mPad, uint32_t nPad, uint32_t hasBias);
@@ -192,16 +192,16 @@ int bp_sample(uint32_t blocks, GM_ADDR x, GM_ADDR scale, GM_ADDR topK, GM_ADDR t
 
 // Four launches, in order on one stream as the binding queues them: x's rows and the weight's rows to digits
 // (kernels/linear.cpp pads rows to 16 and K to 32), the digit products on the Cube unit, the rounding.
-// Workspaces: digitsX int8 [4, mPad, kPad], digitsW int8 [4, nPad, kPad], metaX int32 [mPad, 8], metaW int32
-// [nPad, 8], t int32 [chunks, 7, mPad, nPad].
+// Workspaces: digitsX int8 [5, mPad, kPad], digitsW int8 [4, nPad, kPad], metaX int32 [mPad, 8], metaW int32
+// [nPad, 8], t int32 [chunks, 8, mPad, nPad] (five digits of x's 39 bits, four of the weight's 29).
 int bp_linear(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR bias, GM_ADDR y, GM_ADDR digitsX, GM_ADDR digitsW,
               GM_ADDR metaX, GM_ADDR metaW, GM_ADDR t, uint32_t m, uint32_t k, uint32_t n, uint32_t hasBias)
 {
     const uint32_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
-    int status = bp_emulation::Launch(blocks, [&] { bitparity_linear_quantise(x, digitsX, metaX, m, k, mPad, kPad); });
+    int status = bp_emulation::Launch(blocks, [&] { bitparity_linear_quantise(x, digitsX, metaX, m, k, mPad, kPad, 0); });
     if (status == 0) {
         status = bp_emulation::Launch(blocks,
-                                      [&] { bitparity_linear_quantise(weight, digitsW, metaW, n, k, nPad, kPad); });
+                                      [&] { bitparity_linear_quantise(weight, digitsW, metaW, n, k, nPad, kPad, 1); });
     }
     if (status == 0) {
         status = bp_emulation::Launch(blocks, [&] { bitparity_linear_digits(digitsX, digitsW, t, mPad, nPad, kPad); });

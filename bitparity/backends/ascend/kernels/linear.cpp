@@ -4,27 +4,28 @@
 //   x: f32[M, K], weight: f32[N, K] (torch's layout), bias: f32[N] or absent; y: f32[M, N].
 //
 // Three kernels, launched in this order on one stream (the host's composition, host_emulation.linear):
-//   bitparity_linear_quantise  (twice: x's rows, then the weight's rows)  per row: E = the exponent of its
-//       largest magnitude, from the bit patterns; Q[k] = RNE(v[k] * 2^(B-2-E)) by integer shifts; Q as LINEAR_DIGITS
-//       balanced int8 digits, Q = sum_i d_i 256^i.  A row holding NaN or inf is flagged and quantised to 0.
-//       Digits go to GM already in the Cube's L1 "Nz" layout: plane i, strip k/32, row r, byte k%32, with rows
-//       padded to a multiple of 16 and K to a multiple of 32 by zero digits (so every fractal is whole and no
-//       padding lane of L1/L0 is ever read).  Meta: int32[rowsPadded][8], {E, flag, 0...}.
+//   bitparity_linear_quantise  (twice: x's rows with LINEAR_BX bits, then the weight's with LINEAR_BW)  per row:
+//       E = the exponent of its largest magnitude, from the bit patterns; Q[k] = RNE(v[k] * 2^(B-2-E)) by
+//       integer shifts; Q as balanced int8 digits, Q = sum_i d_i 256^i (five for x, four for the weight).  A row
+//       holding NaN or inf is flagged and quantised to 0.  Digits go to GM already in the Cube's L1 "Nz" layout:
+//       plane i, strip k/32, row r, byte k%32, rows padded to a multiple of 16 and K to a multiple of 32 by zero
+//       digits (so every fractal is whole and no padding lane of L1/L0 is ever read).  Meta: int32[rowsPadded][8],
+//       {E, flag, 0...}.
 //   bitparity_linear_digits    the Cube unit: for a 64 x 64 output tile, a digit weight 256^s and a chunk of
-//       LINEAR_CHUNK_K terms of K, T[chunk, s] = sum over digit pairs p + q = s of A_p . B_q^T: 256 terms of K at a
-//       time are copied GM -> L1 (A1/B1), loaded L1 -> L0A (fractals re-ordered to row-major between) and
+//       LINEAR_CHUNK_K terms of K, T[chunk, s] = sum over digit pairs p + q = s of A_p . B_q^T: 256 terms of K
+//       at a time are copied GM -> L1 (A1/B1), loaded L1 -> L0A (fractals re-ordered to row-major between) and
 //       L1 -> L0B (as they are), and Mmad accumulates int8 x int8 into int32 L0C (cmatrixInitVal true for the
-//       chunk's first).  At most LINEAR_DIGITS pairs of |d d'| <= 2^14 over LINEAR_CHUNK_K = 8192 terms keep every int32
-//       partial below 2^31.  The Fixpipe moves L0C to the GM workspace as int32 (no quantisation).
+//       chunk's first).  At most four pairs of |d d'| <= 2^14 over 8192 terms keep every int32 partial below
+//       2^31.  The Fixpipe moves L0C to the GM workspace as int32 (no quantisation).
 //   bitparity_linear_round     per output: the chunks' int32 partials summed in int64, S = sum_s 256^s T_s
-//       carried exactly in base 2^8, rounded once to nearest even at 2^(Ex + Ew - 2(B-2)) (subnormals on the
-//       2^-149 grid, overflow to inf), +0.0 for S = 0; pairs with a NaN/inf row take the IEEE value of the sum
-//       of the products from the operands' classes; then + bias[n] on the vector unit (one binary32 Add).
+//       carried exactly in base 2^8, rounded once to nearest even at 2^(Ex + Ew - (Bx-2) - (Bw-2)) (subnormals
+//       on the 2^-149 grid, overflow to inf), +0.0 for S = 0; pairs with a NaN/inf row take the IEEE value of the
+//       sum of the products from the operands' classes; then + bias[n] on the vector unit (one binary32 Add).
 // The quantisation and the rounding run on the AI core's scalar unit (int64 integer work, one element at a
 // time); the vector unit does the bias's add.  Integer sums are exact in any order, so the tiles, chunks and
 // cores change no bit.
 //
-// Budgets: quantise UB: digit tiles 2 x LINEAR_DIGITS x LINEAR_QUANT_COLS B and meta 2 x 32 B.  digits: L1 2 x (64 x 256) B,
+// Budgets: quantise UB: digit tiles 2 x 5 x LINEAR_QUANT_COLS B and meta 2 x 32 B.  digits: L1 2 x (64 x 256) B,
 // L0A and L0B 16 KB each, L0C 64 x 64 x 4 = 16 KB.  round UB: y and bias tiles 2 x 4 KB each.
 //
 // Backward (spec 29.2): dx is linear(g, W^T), and dW and db are linear over blocks of rows, row-folded: the
@@ -36,10 +37,14 @@
 
 namespace bitparity {
 
-constexpr uint32_t LINEAR_BITS = 29;        // Bx = Bw (spec 24.1)
-constexpr uint32_t LINEAR_DIGITS = 4;              // balanced int8 digits: 8 * LINEAR_DIGITS - 1 >= LINEAR_BITS
-constexpr uint32_t LINEAR_DIAGONALS = 2 * LINEAR_DIGITS - 1;
-constexpr uint32_t LINEAR_CHUNK_K = 8192;          // K terms per int32 partial: LINEAR_DIGITS * LINEAR_CHUNK_K * 2^14 < 2^31
+// Balanced int8 digits of a quantised value (s digits hold 8 s - 1 bits): five for x's LINEAR_BX = 39, four for
+// the weight's LINEAR_BW = 29 (spec_constants.h).
+constexpr uint32_t LINEAR_DIGITS_X = (LINEAR_BX + 8) / 8;
+constexpr uint32_t LINEAR_DIGITS_W = (LINEAR_BW + 8) / 8;
+constexpr uint32_t LINEAR_MAX_DIGITS = LINEAR_DIGITS_X > LINEAR_DIGITS_W ? LINEAR_DIGITS_X : LINEAR_DIGITS_W;
+constexpr uint32_t LINEAR_DIAGONALS = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1;   // digit weights 256^s
+constexpr uint32_t LINEAR_CHUNK_K = 8192;   // K terms per int32 partial: 4 pairs * LINEAR_CHUNK_K * 2^14 < 2^31
+constexpr uint32_t LINEAR_LO_LIMBS = 7;     // S = hi * 2^56 + lo: seven base-2^8 limbs in lo
 constexpr uint32_t FRACTAL_ROWS = 16;       // rows of an L0A fractal / columns of an L0B one
 constexpr uint32_t FRACTAL_K = 32;          // int8 K depth of a fractal (one 32-byte row of it)
 constexpr uint32_t FRACTAL_BYTES = 512;
@@ -68,13 +73,13 @@ __aicore__ inline int32_t RowExponent(uint32_t amax)
     return field > 0 ? field - 127 : amax > 0 ? BitLength(amax) - 150 : 0;
 }
 
-// Q = RNE(v * 2^(B-2-E)) of a finite v's bit pattern, by shifts of its significand.
-__aicore__ inline int32_t Quantise(uint32_t bits, int32_t e)
+// Q = RNE(v * 2^(B-2-E)) of a finite v's bit pattern with B bits, by shifts of its significand (|Q| <= 2^(B-1)).
+__aicore__ inline int64_t Quantise(uint32_t bits, int32_t e, uint32_t b)
 {
     const uint32_t a = bits & 0x7FFFFFFFu;
     const int32_t field = static_cast<int32_t>(a >> 23);
     const int64_t sig = (a & 0x7FFFFFu) | (field > 0 ? 0x800000u : 0u);
-    const int32_t shift = (field > 0 ? field : 1) - 150 + static_cast<int32_t>(LINEAR_BITS) - 2 - e;
+    const int32_t shift = (field > 0 ? field : 1) - 150 + static_cast<int32_t>(b) - 2 - e;
     int64_t q;
     if (shift >= 0) {
         q = sig << shift;
@@ -84,13 +89,13 @@ __aicore__ inline int32_t Quantise(uint32_t bits, int32_t e)
         const int64_t rem = sig & ((LINEAR_ONE << r) - 1), half = LINEAR_ONE << (r - 1);
         q += (rem > half || (rem == half && (q & 1) != 0)) ? 1 : 0;
     }
-    return static_cast<int32_t>((bits >> 31) != 0 ? -q : q);
+    return (bits >> 31) != 0 ? -q : q;
 }
 
 // round32(S, p) of S = sign * (hi * 2^56 + lo): the binary32 nearest to S * 2^p, ties to even, as bits.
 __aicore__ inline uint32_t Round32(bool negative, int64_t hi, int64_t lo, int64_t p)
 {
-    constexpr int32_t LO_BITS = 8 * LINEAR_DIAGONALS;
+    constexpr int32_t LO_BITS = 8 * LINEAR_LO_LIMBS;
     // One word with every bit that can reach the rounding; lo's low bits ORed into a sticky bit below them.
     const int32_t t = BitLength(static_cast<uint64_t>(hi));
     int64_t m = lo;
@@ -146,18 +151,21 @@ class KernelLinearQuantise {
 public:
     __aicore__ inline KernelLinearQuantise() {}
 
+    // isWeight: the weight's rows (LINEAR_BW bits), else x's (LINEAR_BX).
     __aicore__ inline void Init(GM_ADDR v, GM_ADDR digits, GM_ADDR meta, uint32_t rows, uint32_t cols,
-                                uint32_t rowsPadded, uint32_t colsPadded)
+                                uint32_t rowsPadded, uint32_t colsPadded, uint32_t isWeight)
     {
+        bits = isWeight != 0 ? LINEAR_BW : LINEAR_BX;
+        planes = isWeight != 0 ? LINEAR_DIGITS_W : LINEAR_DIGITS_X;
         this->rows = rows;
         this->cols = cols;
         this->rowsPadded = rowsPadded;
         this->colsPadded = colsPadded;
         vGm.SetGlobalBuffer((__gm__ uint32_t*)v, static_cast<uint64_t>(rows) * cols);
-        digitsGm.SetGlobalBuffer((__gm__ int8_t*)digits, static_cast<uint64_t>(LINEAR_DIGITS) * rowsPadded * colsPadded);
+        digitsGm.SetGlobalBuffer((__gm__ int8_t*)digits, static_cast<uint64_t>(planes) * rowsPadded * colsPadded);
         metaGm.SetGlobalBuffer((__gm__ int32_t*)meta, static_cast<uint64_t>(rowsPadded) * LINEAR_META);
         share = ThisCoresShare(rowsPadded);
-        pipe.InitBuffer(digitQueue, BUFFER_NUM, LINEAR_DIGITS * LINEAR_QUANT_COLS);
+        pipe.InitBuffer(digitQueue, BUFFER_NUM, LINEAR_MAX_DIGITS * LINEAR_QUANT_COLS);
         pipe.InitBuffer(metaQueue, BUFFER_NUM, LINEAR_META * sizeof(int32_t));
     }
 
@@ -182,17 +190,17 @@ public:
     }
 
 private:
-    // Digits of row r, columns [c0, c0 + len), into a tile of LINEAR_DIGITS planes of len bytes.
+    // Digits of row r, columns [c0, c0 + len), into a tile of `planes` planes of len bytes.
     __aicore__ inline void Compute(uint32_t r, uint32_t c0, uint32_t len, bool finite, int32_t e)
     {
         LocalTensor<int8_t> tile = digitQueue.AllocTensor<int8_t>();
         Mte3ToScalarSync();                              // the tile's last copy-out has read it
         for (uint32_t j = 0; j < len; ++j) {
             const uint32_t k = c0 + j;
-            int32_t q = finite && k < cols ? Quantise(vGm.GetValue(static_cast<uint64_t>(r) * cols + k), e) : 0;
+            int64_t q = finite && k < cols ? Quantise(vGm.GetValue(static_cast<uint64_t>(r) * cols + k), e, bits) : 0;
             // Balanced digits, least significant first: d = ((q + 128) mod 256) - 128, then q = (q - d) / 256.
-            for (uint32_t i = 0; i < LINEAR_DIGITS; ++i) {
-                const int32_t d = ((q + 128) & 255) - 128;
+            for (uint32_t i = 0; i < planes; ++i) {
+                const int64_t d = ((q + 128) & 255) - 128;
                 tile.SetValue(i * len + j, static_cast<int8_t>(d));
                 q = (q - d) >> 8;
             }
@@ -208,7 +216,7 @@ private:
         const uint64_t plane = static_cast<uint64_t>(rowsPadded) * colsPadded;
         AscendC::DataCopyExtParams copy{static_cast<uint16_t>(len / FRACTAL_K), FRACTAL_K, 0,
                                         (rowsPadded - 1) * FRACTAL_K, 0};
-        for (uint32_t i = 0; i < LINEAR_DIGITS; ++i) {
+        for (uint32_t i = 0; i < planes; ++i) {
             const uint64_t at = i * plane + static_cast<uint64_t>(c0 / FRACTAL_K) * rowsPadded * FRACTAL_K +
                                 static_cast<uint64_t>(r) * FRACTAL_K;
             AscendC::DataCopyPad(digitsGm[at], tile[i * len], copy);
@@ -239,6 +247,8 @@ private:
     AscendC::GlobalTensor<int8_t> digitsGm;
     AscendC::GlobalTensor<int32_t> metaGm;
     Range share;
+    uint32_t bits = LINEAR_BX;
+    uint32_t planes = LINEAR_DIGITS_X;
     uint32_t rows = 0;
     uint32_t cols = 0;
     uint32_t rowsPadded = 0;
@@ -251,7 +261,8 @@ class KernelLinearDigits {
 public:
     __aicore__ inline KernelLinearDigits() {}
 
-    // a: x's digits [LINEAR_DIGITS][kPad/32][mPad][32], b: the weight's [LINEAR_DIGITS][kPad/32][nPad][32] (int8, Nz);
+    // a: x's digits [LINEAR_DIGITS_X][kPad/32][mPad][32], b: the weight's [LINEAR_DIGITS_W][kPad/32][nPad][32]
+    // (int8, Nz);
     // t: int32 [chunks][LINEAR_DIAGONALS][mPad][nPad].
     __aicore__ inline void Init(GM_ADDR a, GM_ADDR b, GM_ADDR t, uint32_t mPad, uint32_t nPad, uint32_t kPad)
     {
@@ -261,8 +272,8 @@ public:
         chunks = (kPad + LINEAR_CHUNK_K - 1) / LINEAR_CHUNK_K;
         mTiles = (mPad + CUBE_TILE - 1) / CUBE_TILE;
         nTiles = (nPad + CUBE_TILE - 1) / CUBE_TILE;
-        aGm.SetGlobalBuffer((__gm__ int8_t*)a, static_cast<uint64_t>(LINEAR_DIGITS) * mPad * kPad);
-        bGm.SetGlobalBuffer((__gm__ int8_t*)b, static_cast<uint64_t>(LINEAR_DIGITS) * nPad * kPad);
+        aGm.SetGlobalBuffer((__gm__ int8_t*)a, static_cast<uint64_t>(LINEAR_DIGITS_X) * mPad * kPad);
+        bGm.SetGlobalBuffer((__gm__ int8_t*)b, static_cast<uint64_t>(LINEAR_DIGITS_W) * nPad * kPad);
         tGm.SetGlobalBuffer((__gm__ int32_t*)t, static_cast<uint64_t>(chunks) * LINEAR_DIAGONALS * mPad * nPad);
         share = ThisCoresShare(mTiles * nTiles * LINEAR_DIAGONALS * chunks);
         pipe.InitBuffer(a1Queue, 1, CUBE_TILE * CUBE_TILE_K);
@@ -286,7 +297,9 @@ public:
             bool first = true;
             for (uint32_t k0 = chunk * LINEAR_CHUNK_K; k0 < kEnd; k0 += CUBE_TILE_K) {
                 const uint32_t tk = kEnd - k0 < CUBE_TILE_K ? kEnd - k0 : CUBE_TILE_K;
-                const uint32_t pLow = s >= LINEAR_DIGITS ? s - LINEAR_DIGITS + 1 : 0, pHigh = s < LINEAR_DIGITS ? s : LINEAR_DIGITS - 1;
+                // The pairs p + q = s, p < LINEAR_DIGITS_X, q < LINEAR_DIGITS_W (at most four).
+                const uint32_t pLow = s >= LINEAR_DIGITS_W ? s - LINEAR_DIGITS_W + 1 : 0;
+                const uint32_t pHigh = s < LINEAR_DIGITS_X ? s : LINEAR_DIGITS_X - 1;
                 for (uint32_t p = pLow; p <= pHigh; ++p) {
                     CopyIn(p, s - p, m0, tm, n0, tn, k0, tk);
                     Compute(c, tm, tn, tk, first);
@@ -452,7 +465,8 @@ private:
                 out = SpecialDot(xGm[static_cast<uint64_t>(row) * k], wGm[static_cast<uint64_t>(col) * k], k);
             } else {
                 const int32_t ew = metaWGm.GetValue(static_cast<uint64_t>(col) * LINEAR_META);
-                out = Exact(row, col, static_cast<int64_t>(ex) + ew - 2 * (static_cast<int64_t>(LINEAR_BITS) - 2));
+                out = Exact(row, col, static_cast<int64_t>(ex) + ew - (static_cast<int64_t>(LINEAR_BX) - 2) -
+                                          (static_cast<int64_t>(LINEAR_BW) - 2));
             }
             bits.SetValue(j, static_cast<int32_t>(out));
         }
@@ -467,7 +481,8 @@ private:
     }
 
     // round32 of S[row, col] = sum_s 256^s T_s, T_s the chunks' int32 partials summed in int64: the sign of S
-    // from the carry out of its base-2^8 limbs, then |S| = hi * 2^56 + lo by the same carries of sign * T_s.
+    // from the carry out of all its base-2^8 limbs, then |S| = hi * 2^56 + lo: seven limbs of sign * T_s carried
+    // into lo, the diagonals above and the carry into hi.
     __aicore__ inline uint32_t Exact(uint32_t row, uint32_t col, int64_t p)
     {
         int64_t diagonal[LINEAR_DIAGONALS];
@@ -483,14 +498,18 @@ private:
             carry = (diagonal[s] + carry) >> 8;
         }
         const bool negative = carry < 0;
-        int64_t lo = 0;
+        int64_t lo = 0, hi = 0;
         carry = 0;
         for (uint32_t s = 0; s < LINEAR_DIAGONALS; ++s) {
-            const int64_t v = (negative ? -diagonal[s] : diagonal[s]) + carry;
-            lo |= (v & 255) << (8 * s);
-            carry = v >> 8;
+            const int64_t v = negative ? -diagonal[s] : diagonal[s];
+            if (s < LINEAR_LO_LIMBS) {
+                lo |= ((v + carry) & 255) << (8 * s);
+                carry = (v + carry) >> 8;
+            } else {
+                hi += v << (8 * (s - LINEAR_LO_LIMBS));
+            }
         }
-        return Round32(negative, carry, lo, p);
+        return Round32(negative, hi + carry, lo, p);
     }
 
     __aicore__ inline void CopyOut(uint32_t row, uint32_t n0, uint32_t cols)
@@ -525,10 +544,10 @@ private:
 
 extern "C" __global__ __aicore__ void bitparity_linear_quantise(GM_ADDR v, GM_ADDR digits, GM_ADDR meta, uint32_t rows,
                                                                 uint32_t cols, uint32_t rowsPadded,
-                                                                uint32_t colsPadded)
+                                                                uint32_t colsPadded, uint32_t isWeight)
 {
     bitparity::KernelLinearQuantise op;
-    op.Init(v, digits, meta, rows, cols, rowsPadded, colsPadded);
+    op.Init(v, digits, meta, rows, cols, rowsPadded, colsPadded, isWeight);
     op.Process();
 }
 

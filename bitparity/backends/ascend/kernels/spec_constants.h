@@ -1,5 +1,5 @@
 // Generated from bitparity/spec.py by bitparity/backends/ascend/spec_header.py: do not edit.
-// SPEC_VERSION 1.7.0.  Float constants are IEEE-754 binary32 bit patterns;
+// SPEC_VERSION 2.0.0.  Float constants are IEEE-754 binary32 bit patterns;
 // the kernels turn them into floats with FloatFromBits (canonical.h).
 #ifndef BITPARITY_SPEC_CONSTANTS_H
 #define BITPARITY_SPEC_CONSTANTS_H
@@ -9,6 +9,9 @@
 namespace bitparity {
 
 constexpr uint32_t LANES = 1024u;
+constexpr uint32_t LINEAR_BW = 29u;
+constexpr uint32_t LINEAR_BX = 39u;
+constexpr uint32_t LINEAR_GRAD_BLOCK = 32u;
 constexpr uint32_t PHILOX_M0 = 3528531795u;
 constexpr uint32_t PHILOX_M1 = 3449720151u;
 constexpr uint32_t PHILOX_ROUNDS = 10u;

@@ -27,6 +27,7 @@
 
 #include "bitparity_kernels.h"
 #include "row_limits.h"
+#include "spec_constants.h"
 
 #if BITPARITY_ACLRT_LAUNCH
 using GmAddress = void*;
@@ -365,7 +366,10 @@ void CheckShaped(const at::Tensor& t, const at::Tensor& x, at::IntArrayRef sizes
 // (int32 partials per chunk of LINEAR_CHUNK_K terms and digit weight), the rounding and the bias.  The
 // workspaces are NPU tensors of this call.  Each kernel spreads its items over the cores it is given; the count
 // changes no bit.
-constexpr int64_t LINEAR_DIGITS = 4;
+// Balanced int8 digits of x's and the weight's quantised values (kernels/linear.cpp, spec_constants.h).
+constexpr int64_t LINEAR_DIGITS_X = (bitparity::LINEAR_BX + 8) / 8;
+constexpr int64_t LINEAR_DIGITS_W = (bitparity::LINEAR_BW + 8) / 8;
+constexpr int64_t LINEAR_DIAGONALS = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1;
 constexpr int64_t LINEAR_CHUNK_K = 8192;
 
 at::Tensor LinearOp(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias)
@@ -383,19 +387,19 @@ at::Tensor LinearOp(const at::Tensor& x, const at::Tensor& weight, const c10::op
     }
     const int64_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
     const int64_t chunks = (kPad + LINEAR_CHUNK_K - 1) / LINEAR_CHUNK_K;
-    TORCH_CHECK(std::max(mPad, nPad) * kPad * LINEAR_DIGITS < (int64_t(1) << 32) &&
-                    chunks * (2 * LINEAR_DIGITS - 1) * mPad * nPad < (int64_t(1) << 32),
+    TORCH_CHECK(std::max(mPad, nPad) * kPad * LINEAR_DIGITS_X < (int64_t(1) << 32) &&
+                    chunks * LINEAR_DIAGONALS * mPad * nPad < (int64_t(1) << 32),
                 "bitparity (ascend): linear's operands and partials must have fewer than 2**32 elements");
     const at::TensorOptions bytes = x.options().dtype(at::kChar), words = x.options().dtype(at::kInt);
-    at::Tensor digitsX = at::empty({LINEAR_DIGITS * mPad * kPad}, bytes);
-    at::Tensor digitsW = at::empty({LINEAR_DIGITS * nPad * kPad}, bytes);
+    at::Tensor digitsX = at::empty({LINEAR_DIGITS_X * mPad * kPad}, bytes);
+    at::Tensor digitsW = at::empty({LINEAR_DIGITS_W * nPad * kPad}, bytes);
     at::Tensor metaX = at::empty({mPad, 8}, words);
     at::Tensor metaW = at::empty({nPad, 8}, words);
-    at::Tensor partials = at::empty({chunks, 2 * LINEAR_DIGITS - 1, mPad, nPad}, words);
+    at::Tensor partials = at::empty({chunks, LINEAR_DIAGONALS, mPad, nPad}, words);
     at::Tensor out = at::empty({m, n}, x.options());
     const uint32_t blocks = Blocks(std::max(mPad, nPad));
-    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(x), Gm(digitsX), Gm(metaX), m, k, mPad, kPad);
-    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(weight), Gm(digitsW), Gm(metaW), n, k, nPad, kPad);
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(x), Gm(digitsX), Gm(metaX), m, k, mPad, kPad, 0);
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(weight), Gm(digitsW), Gm(metaW), n, k, nPad, kPad, 1);
     BITPARITY_LAUNCH(bitparity_linear_digits, blocks, Gm(digitsX), Gm(digitsW), Gm(partials), mPad, nPad, kPad);
     BITPARITY_LAUNCH(bitparity_linear_round, blocks, Gm(partials), Gm(metaX), Gm(metaW), Gm(x), Gm(weight),
                      bias.has_value() ? Gm(*bias) : nullptr, Gm(out), m, n, k, mPad, nPad, bias.has_value());
