@@ -14,7 +14,6 @@ import pytest
 from bitparity.compare import cases, metrics
 from bitparity.compare.cases import MODEL_OPS
 from bitparity.compare.run import compare, reference
-from tests.reference.test_canonical import sum_depth
 
 CANONICAL = ("numpy", "cpu")
 # Kinds whose inputs or results leave float32's normal range, where spec 24.7's bounds are not stated.
@@ -29,8 +28,10 @@ BOUNDS = {"rms_norm": 3.5, "rotary": 2.0, "attention": 5.0, "silu_mul": 4.0, "mo
 def _bound(case, args):
     """Spec 24.7's bound in ulps of the case's floor."""
     if case.op == "linear":
-        x, _, bias = args
-        return sum_depth(x.shape[1]) + 1 + (bias is not None)
+        # 2.0.0: one rounding of the exact product of 39- and 29-bit quantisations; on the suite's cases that is
+        # within 0.44 ulps of the floor (measured), so 1 (+ 1 for the bias's rounding) is a bound that can fail.
+        _, _, bias = args
+        return 1 + (bias is not None)
     return BOUNDS[case.op]
 
 
@@ -60,13 +61,15 @@ def test_model_cases_within_the_spec_bound(case):
         assert metrics.max_or_zero(err) <= _bound(case, args), backend
 
 
-def test_one_sided_overflow_is_an_infinite_error():
-    # linear/huge: float32's partial sums overflow where the float64 sum of some rows is in float32's range, so
-    # the result is +-inf against a finite meaning. rms_norm/huge: float32's mean square overflows to +inf, so
-    # r = 0 and every output is +-0 (spec 24.2) against a finite meaning: finite, about 2^24 ulps.
+def test_huge_inputs_linear_exact_and_rms_norm_overflowing():
+    # linear/huge: 1.x's float32 products and partial sums overflowed to +-inf where the float64 sum is in float32's
+    # range; 2.0.0's exact integer product does not overflow before its one rounding (spec 24.1): within the
+    # bound. rms_norm/huge: float32's mean square overflows to +inf, so r = 0 and every output is +-0 (spec 24.2)
+    # against a finite meaning: finite, about 2^24 ulps.
     linear, rms_norm = (next(c for c in cases.suite("quick", [op]) if c.name.split("/")[1] == "huge")
                         for op in ("linear", "rms_norm"))
-    assert metrics.max_or_zero(_errors(linear, linear.inputs(), "cpu")) == np.inf
+    inputs = linear.inputs()
+    assert metrics.max_or_zero(_errors(linear, inputs, "cpu")) <= _bound(linear, inputs[0])
     err = _errors(rms_norm, rms_norm.inputs(), "cpu")
     assert np.isfinite(err).all() and err.min() > 2.0 ** 22
 
@@ -84,4 +87,4 @@ def test_compare_measures_every_model_op_on_native_as_on_numpy(results):
     # Every quick case of these three is in range: the op's max ulp is finite and within spec 24.7's bound.
     for op in ("rotary", "attention", "moe"):
         assert 0.0 < results[(op, "numpy")].max_ulp <= BOUNDS[op]
-    assert results[("linear", "numpy")].max_ulp == np.inf            # linear/huge, as above
+    assert 0.0 < results[("linear", "numpy")].max_ulp <= 1.0          # linear/huge included, as above

@@ -1,0 +1,71 @@
+"""linear (spec 24.1, 2.0.0) on the cpu backend against torch float32, forward and forward + backward, at the
+issue-24 shapes: [128, 1024] x [32768, 1024] (an lm_head), [2048, 1024] x [1024, 1024] and [512, 4096] x
+[4096, 4096].
+
+Each repetition times torch and bitparity back to back (interleaved), so load from other processes falls on
+both; the ratio is of the medians. The forward calls reuse one weight, as a rollout does (the cpu backend caches
+its quantised form, checked by a full bit comparison each call). Forward + backward is y.backward(g) through
+torch's autograd: torch's F.linear against bitparity.linear (dx, dW and db by spec 29.2).
+Run: python benchmarks/bench_linear.py [--repeats N]
+"""
+
+import argparse
+import time
+
+import torch
+from tabulate import tabulate
+
+import bitparity as bp
+from bitparity.backends.cpu import int_linear
+from bitparity.compare.report import cpu_name
+
+SHAPES = ((128, 1024, 32768), (2048, 1024, 1024), (512, 4096, 4096))
+
+
+def _seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def _forward(x, w):
+    return (lambda: torch.nn.functional.linear(x, w)), (lambda: bp.linear(x, w, backend="cpu"))
+
+
+def _backward(x, w, b, g):
+    def torch_step():
+        torch.nn.functional.linear(x, w, b).backward(g)
+
+    def bitparity_step():
+        bp.linear(x, w, b, backend="cpu").backward(g)
+    return torch_step, bitparity_step
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"machine: {cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+          f"torch._int_mm exact here: {int_linear.int_mm_is_exact()}")
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for m, k, n in SHAPES:
+        x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) / k ** 0.5
+        b, g = torch.randn(n, generator=gen), torch.randn(m, n, generator=gen)
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+        for label, (reference, ours) in (("forward", _forward(x, w)), ("forward+backward", _backward(xg, wg, bg, g))):
+            reference(), ours()                                     # warm-up: builds, probe, weight cache
+            times = [(_seconds(reference), _seconds(ours)) for _ in range(args.repeats)]
+            t_ref, t_ours = _median([t[0] for t in times]), _median([t[1] for t in times])
+            rows.append((f"[{m}, {k}] x [{n}, {k}]", label, f"{t_ref * 1e3:.0f}", f"{t_ours * 1e3:.0f}",
+                         f"{t_ours / t_ref:.2f}"))
+    print(tabulate(rows, headers=("shape", "pass", "torch ms", "bitparity cpu ms", "ratio"), tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()
