@@ -62,6 +62,22 @@
 //     bisheng's automatic synchronisation, which the NPU build keeps on.
 //   * Uninitialised UB reads as 0xFF bytes (NaN as float), so a kernel that
 //     reads lanes it never wrote produces NaNs instead of plausible numbers.
+//   * The Cube unit (asc-devkit Mmad/LoadData/Fixpipe docs for Atlas A2/A3; the
+//     project's notes-exact-matmul.md): TPositions A1/B1 (L1, 512 KB), A2 (L0A,
+//     64 KB), B2 (L0B, 64 KB), CO1 (L0C, 128 KB), poisoned like the UB, which
+//     neither the vector nor the scalar unit may address.  DataCopy GM -> L1
+//     (DataCopyParams, 32-byte blocks) into an allocated A1/B1 tensor; LoadData
+//     (2D, 512-byte fractals, no transpose) A1 -> A2, B1 -> B2, destination
+//     512-byte aligned.  Mmad int8 x int8 -> int32, exact: A(m, k) at L0A byte
+//     ((m/16)*K1 + k/32)*512 + (m%16)*32 + k%32 (16 x 32 fractals, row-major
+//     inside and between), B(k, n) at L0B byte ((k/32)*N1 + n/16)*512 +
+//     (n%16)*32 + k%32 (32 x 16 fractals, column-major inside, row-major
+//     between), C(m, n) at L0C element ((n/16)*M1 + m/16)*256 + (m%16)*16 + n%16
+//     (16 x 16, row-major inside, column-major between), K1, N1, M1 the
+//     fractal counts; m = 1 is GEMV and reads A as ND bytes; m, n, k in
+//     1 .. 4095; C 256-element, A and B 512-byte aligned; cmatrixInitVal true
+//     writes C, false accumulates; an int32 sum leaving int32 (undocumented on
+//     A2) is an error.  Fixpipe L0C -> GM, int32 without quantisation, NZ -> ND.
 // Anything else is not modelled and does not compile or fails at run time.
 
 #ifndef BITPARITY_EMULATED_KERNEL_OPERATOR_H
