@@ -18,6 +18,8 @@ import re
 
 import pytest
 
+from bitparity import spec
+
 pytest.importorskip("triton")
 
 _ROWS = {"x_ptr": "*fp32", "mask_ptr": "*i1", "out_ptr": "*fp32",
@@ -53,7 +55,8 @@ _LINEAR_DIGITS = {"a_ptr": "*i8", "b_ptr": "*i8", "t_ptr": "*i64", "n_rows": "i3
 _LINEAR_ROUND = {"t_ptr": "*i64", "ex_ptr": "*i32", "ew_ptr": "*i32", "fx_ptr": "*i32", "fw_ptr": "*i32",
                  "x_ptr": "*i32", "w_ptr": "*i32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
                  "n_rows": "i32", "n_out": "i32", "n_in": "i32"}
-_LINEAR_CONSTANTS = {"B": 29, "D": 4}
+# spec 24.1's bits: x's rows (five int8 digits) and the weight's (four), on DX + DW - 1 digit weights.
+_DX, _DW = (spec.LINEAR_BX + 8) // 8, (spec.LINEAR_BW + 8) // 8
 _RMS_NORM = {"x_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "n_cols": "i32",
              "n_segments": "i32", "eps": "fp32"}
 _ROTARY = {"x_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "half": "i32"}
@@ -140,11 +143,12 @@ KERNELS = {
     "topk": ("topk", "topk_kernel", _TOPK, {"BLOCK_R": 1, "W": 1024, "KP": 64}, _ADD),
     # linear's GPU launch (linear._tiles): 64 x 64 x 64 tiles, wgmma on sm_90.  Only the bias's add is float.
     "linear_quantise": ("linear", "quantise_rows_kernel", _LINEAR_QUANTISE,
-                        {**_LINEAR_CONSTANTS, "BLOCK_R": 1, "BLOCK_C": 1024}, ()),
+                        {"B": spec.LINEAR_BX, "D": _DX, "BLOCK_R": 1, "BLOCK_C": 1024}, ()),
     "linear_digits": ("linear", "digit_gemm_kernel", _LINEAR_DIGITS,
-                      {"D": 4, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "CHUNK": 8192}, ()),
+                      {"DX": _DX, "DW": _DW, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "CHUNK": 8192}, ()),
     "linear_round": ("linear", "round_kernel", _LINEAR_ROUND,
-                     {"HAS_BIAS": True, **_LINEAR_CONSTANTS, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8}, _ADD),
+                     {"HAS_BIAS": True, "BX": spec.LINEAR_BX, "BW": spec.LINEAR_BW, "NDIAG": _DX + _DW - 1,
+                      "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8}, _ADD),
     "rms_norm": ("rms_norm", "rms_norm_kernel", _RMS_NORM, _LONG, _ARITH),
     "rotary": ("rotary", "rotary_kernel", _ROTARY, {"BLOCK_R": 1, "W": 1024}, (*_ARITH, "sub.rn.f32")),
     # Causal only: the flag adds one integer minimum, no float instruction (and each compile takes seconds).
