@@ -24,19 +24,17 @@ LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 # not the per-operation Python overhead, dominates.
 INTERPRETER_TILE = 1 << 16
 
-# Products per program of a tile of dot products (linear, attention's scores):
+# Products per program of a tile of dot products (attention's scores):
 # each tile is one [*, *, W] product tensor and its halving tree.
 INTERPRETER_PRODUCTS = 1 << 20
 GPU_PRODUCTS = 4 * spec.LANES
 
-# Leaf positions per block of the row fold (fold.py, and weight_grad in
-# linear.py).  The interpreter pays per block visited, so it takes long
-# blocks; on the GPU a block's adjacent tree stays in a program's registers
-# (GPU_PRODUCTS elements: 32 positions by 128 columns, or 16 rows by 16 x 16
-# products), and each block costs one step of the stack above the blocks.
+# Leaf positions per block of the row fold (fold.py).  The interpreter pays
+# per block visited, so it takes long blocks; on the GPU a block's adjacent
+# tree stays in a program's registers (GPU_PRODUCTS elements: 32 positions by
+# 128 columns), and each block costs one step of the stack above the blocks.
 INTERPRETER_FOLD_BLOCK = 256
 GPU_FOLD_BLOCK = 32
-GPU_WEIGHT_GRAD_BLOCK = 16
 
 # GAE on the GPU (gae.py): rows per program of the reverse loop (one per
 # thread of four warps), and columns of a delta tile: one warp wide, so the
@@ -78,16 +76,6 @@ def attention_tile(n_groups, n_queries, width, dim):
     return block_g, block_q, min(next_pow2(dim), max(1, _products() // (rows * width)))
 
 
-def dot_tile(n_a, n_b, width):
-    """(BLOCK_A, BLOCK_B): a tile of BLOCK_A x BLOCK_B dot products of width lanes each (linear's
-    rows x outputs); never changes a bit.  The tile is about square, so each loaded vector
-    serves about as many products on both sides; short sides (one row: decode) give their
-    share to the other."""
-    pairs = max(1, _products() // width)
-    block_a = min(next_pow2(n_a), 1 << ((pairs.bit_length() - 1) // 2))
-    return block_a, min(next_pow2(n_b), max(1, pairs // block_a))
-
-
 def fold_tile(n_rows, n_cols):
     """(B, T): leaf positions per block of the row fold (fold.py) and columns per program; never
     changes a bit (spec 29.1's tree is the same whatever the block).  The interpreter takes
@@ -99,15 +87,6 @@ def fold_tile(n_rows, n_cols):
         return block, min(next_pow2(n_cols), INTERPRETER_TILE // block)
     block = min(next_pow2(n_rows), GPU_FOLD_BLOCK)
     return block, min(next_pow2(n_cols), GPU_PRODUCTS // block)
-
-
-def weight_grad_tile(n_rows, n_out, n_in):
-    """(B, BLOCK_N, BLOCK_K): leaf positions per block of the row fold and a tile of weight
-    gradients (linear.py); never changes a bit.  The block's products [B, BLOCK_N, BLOCK_K] fill
-    a tile of dot products (dot_tile with B in place of the lanes)."""
-    limit = INTERPRETER_FOLD_BLOCK if triton.knobs.runtime.interpret else GPU_WEIGHT_GRAD_BLOCK
-    block = min(next_pow2(n_rows), limit)
-    return (block, *dot_tile(n_out, n_in, block))
 
 
 def block_rows(n_rows, width):
