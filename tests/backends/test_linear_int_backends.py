@@ -87,3 +87,11 @@ def test_ascend_core_count_changes_no_bit(blocks):
     b = torch.from_numpy(rng.standard_normal(70).astype(np.float32))
     want = _module("numpy").linear(x, w, b)
     assert torch.equal(canonical_bits(host_emulation.linear(x, w, b, blocks=blocks)), canonical_bits(want))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m, k, n", [(0, 5, 3), (2, 5, 0), (2, 0, 3)])
+def test_empty_operands(backend, m, k, n):
+    """No rows (an expert no token chose), no outputs, or K = 0 (every S = 0: +0.0, then the bias)."""
+    bias = torch.arange(n, dtype=torch.float32) - 1.0
+    _check(backend, torch.ones(m, k), torch.ones(n, k), bias)

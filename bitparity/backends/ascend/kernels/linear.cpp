@@ -423,7 +423,8 @@ public:
         xGm.SetGlobalBuffer((__gm__ uint32_t*)x, static_cast<uint64_t>(m) * k);
         wGm.SetGlobalBuffer((__gm__ uint32_t*)w, static_cast<uint64_t>(n) * k);
         yGm.SetGlobalBuffer((__gm__ float*)y, static_cast<uint64_t>(m) * n);
-        columns = n < LINEAR_ROUND_COLUMNS ? RoundUp(n, FLOATS_PER_BLOCK) : LINEAR_ROUND_COLUMNS;
+        // At least one block of columns, so that n = 0 (no outputs, no items) divides by nothing.
+        columns = n < LINEAR_ROUND_COLUMNS ? RoundUp(n > 0 ? n : 1, FLOATS_PER_BLOCK) : LINEAR_ROUND_COLUMNS;
         share = ThisCoresShare(m * ((n + columns - 1) / columns));
         if (this->hasBias) {
             biasGm.SetGlobalBuffer((__gm__ float*)bias, n);
