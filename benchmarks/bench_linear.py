@@ -64,6 +64,7 @@ def main():
             t_ref, t_ours = _median([t[0] for t in times]), _median([t[1] for t in times])
             rows.append((f"[{m}, {k}] x [{n}, {k}]", label, f"{t_ref * 1e3:.0f}", f"{t_ours * 1e3:.0f}",
                          f"{t_ours / t_ref:.2f}"))
+            print(*rows[-1], sep=" | ", flush=True)                 # as it goes: the large shapes take minutes
     print(tabulate(rows, headers=("shape", "pass", "torch ms", "bitparity cpu ms", "ratio"), tablefmt="github"))
 
 

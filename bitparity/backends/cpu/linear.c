@@ -148,20 +148,22 @@ static void round_span(const void *ctx, int64_t begin, int64_t end)
 {
     const struct round_job *c = ctx;
     const int64_t m = c->m, n = c->n, ld = c->sw * n, chunk = c->sx * c->sw * m * n;
-    i128 weight[16];                /* 2^(8w): products, since left shifts of negative integers are undefined */
-    for (int w = 0; w < 16; w++)
-        weight[w] = (i128)1 << (8 * w);
     for (int64_t r = begin; r < end; r++) {
         for (int64_t col = 0; col < n; col++) {
             float y;
             if (c->x_finite[r] && c->w_finite[col]) {
-                i128 s = 0;
-                for (int64_t t = 0; t < c->chunks; t++) {
-                    const int32_t *p = c->partials + t * chunk + r * ld + col;
+                /* The pairs of one weight 2^(8w) first (at most 5 int32 each per chunk: within int64), then
+                 * S = sum_w T_w 2^(8w) by Horner from the top, in 128 bits. */
+                int64_t t[16] = {0};
+                for (int64_t ch = 0; ch < c->chunks; ch++) {
+                    const int32_t *p = c->partials + ch * chunk + r * ld + col;
                     for (int i = 0; i < c->sx; i++)
                         for (int j = 0; j < c->sw; j++)
-                            s += (i128)p[i * m * ld + j * n] * weight[i + j];
+                            t[i + j] += p[i * m * ld + j * n];
                 }
+                i128 s = 0;
+                for (int w = c->sx + c->sw - 2; w >= 0; w--)
+                    s = s * 256 + t[w];
                 y = round_scaled(s, c->ex[r] + c->ew[col] - c->offset);
             } else {
                 y = nonfinite_pair(c->x + r * c->k, c->w + col * c->k, c->k);
