@@ -422,7 +422,10 @@ class Build:
         return out
 
     def weight_grad(self, x, g, positions, rows):
-        return linear_grad.weight_grad(self.linear, x, g, positions, rows)
+        # Each block holds at most LINEAR_GRAD_BLOCK rows: its product is short_linear's (binary64, exact).
+        threads = _threads(x.shape[1] * g.shape[1] * spec.LINEAR_GRAD_BLOCK)
+        return linear_grad.weight_grad(lambda a, b, _: _linear.short_linear(self._lib, a, b, threads), x, g,
+                                       positions, rows)
 
     def rms_norm_backward(self, x, weight, eps, g):
         dx, terms = torch.empty_like(x), torch.empty_like(x)

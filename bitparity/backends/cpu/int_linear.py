@@ -149,6 +149,37 @@ def linear(lib, x, weight, bias, threads):
     return out
 
 
+def short_linear(lib, x, weight, threads):
+    """Spec 24.1's x [M, K] . weight [N, K]^T for K <= spec.LINEAR_GRAD_BLOCK (the weight gradient's blocks), by
+    two binary64 products instead of 20 int8 ones: Qx = high 2^20 + low with |high| <= 2^18 + 1 and low in
+    [-2^19, 2^19), and |Qw| <= 2^28, so every product and partial sum is an integer below 2^52 and exact in
+    binary64 in any order; linear.c forms S = high.Qw 2^20 + low.Qw in 128 bits and rounds it once."""
+    (m, k), n = x.shape, weight.shape[0]
+    if k > spec.LINEAR_GRAD_BLOCK:
+        raise ValueError(f"short_linear: K = {k} exceeds {spec.LINEAR_GRAD_BLOCK}, past its binary64 exactness")
+    qx, ex, x_finite = quantise_q(lib, x, spec.LINEAR_BX, threads)
+    qw, ew, w_finite = quantise_q(lib, weight, spec.LINEAR_BW, threads)
+    low = ((qx + (1 << 19)) & ((1 << 20) - 1)) - (1 << 19)
+    high = ((qx - low) >> 20).double() @ qw.double().t()
+    low = low.double() @ qw.double().t()
+    out = torch.empty((m, n), dtype=torch.float32)
+    lib.bp_linear_round_f64(high.contiguous().data_ptr(), low.contiguous().data_ptr(), m, n, k, ex.data_ptr(),
+                            ew.data_ptr(), x_finite.data_ptr(), w_finite.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                            _OFFSET, out.data_ptr(), threads)
+    return out
+
+
+def quantise_q(lib, v, bits, threads):
+    """v [R, K] -> (Q int64 [R, K], exponent int32 [R], finite uint8 [R]) (linear.c)."""
+    rows, k = v.shape
+    q = torch.empty((rows, k), dtype=torch.int64)
+    exponent = torch.empty(rows, dtype=torch.int32)
+    finite = torch.empty(rows, dtype=torch.uint8)
+    lib.bp_linear_quantise_q(v.data_ptr(), rows, k, bits, q.data_ptr(), exponent.data_ptr(), finite.data_ptr(),
+                             threads)
+    return q, exponent, finite
+
+
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
     # v, rows, k, bits, slices, digits, exponent, finite, threads
@@ -157,4 +188,8 @@ SIGNATURES = {
     "bp_linear_round": ([_P, _I64, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT], None),
     # a, b, m, n, k, out, threads
     "bp_int8_gemm": ([_P, _P, _I64, _I64, _I64, _P, _INT], None),
+    # v, rows, k, bits, q, exponent, finite, threads
+    "bp_linear_quantise_q": ([_P, _I64, _I64, _INT, _P, _P, _P, _INT], None),
+    # high, low, m, n, k, ex, ew, x_finite, w_finite, x, w, offset, out, threads
+    "bp_linear_round_f64": ([_P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _P, _INT], None),
 }

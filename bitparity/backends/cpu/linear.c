@@ -26,11 +26,29 @@ ALWAYS_INLINE int exponent_of(uint32_t a)
     return biased ? biased - 127 : (32 - __builtin_clz(a)) - 150;
 }
 
+/* Q = RNE(v 2^(bits-2-e_row)) of one entry, 0 in a non-finite row.  Branch-free, so that gcc vectorises its
+ * loops: |v| = m 2^s, |Q| = RNE(m 2^t) < 2^(bits-1) <= 2^38; a right shift by 25 or more leaves 0 (m < 2^24), so
+ * the shift is capped there; zeros give m = 0. */
+ALWAYS_INLINE int64_t quantised(float value, int bits, int e_row, int32_t finite)
+{
+    uint32_t u = bits_of(value), a = u & 0x7FFFFFFFu, biased = a >> 23;
+    uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;
+    int32_t s = biased ? (int32_t)biased - 150 : -149;
+    int32_t t = s + bits - 2 - e_row;
+    uint64_t left = (uint64_t)m << (t > 0 ? (t < 40 ? t : 40) : 0);
+    int32_t rs = -t < 1 ? 1 : (-t > 25 ? 25 : -t);
+    uint32_t q = m >> rs, rem = m & ((1u << rs) - 1), half = 1u << (rs - 1);
+    uint32_t right = q + ((rem > half) | ((rem == half) & (q & 1)));
+    int64_t mag = (int64_t)(t >= 0 ? left : right) * finite;
+    return (u >> 31) ? -mag : mag;
+}
+
 struct quantise_job {
     const float *v;
     int64_t rows, k;
     int bits, slices;
-    int8_t *digits;
+    int8_t *digits;                 /* [slices][rows][k], or NULL: then q */
+    int64_t *q;                     /* [rows][k] */
     int32_t *exponent;
     uint8_t *finite;
 };
@@ -50,24 +68,19 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
         }
         int32_t finite = top < 0x7F800000u;
         int e_row = (top == 0 || !finite) ? 0 : exponent_of(top);        /* an all-zero row: E = 0, Q = 0 */
-        int8_t *d = c->digits + r * k;
-        /* Branch-free, so that gcc vectorises it: |v| = m 2^s, |Q| = RNE(m 2^t) < 2^(bits-1) <= 2^38; a right
-         * shift by 25 or more leaves 0 (m < 2^24), so the shift is capped there; zeros give m = 0. */
-        for (int64_t i = 0; i < k; i++) {
-            uint32_t u = bits_of(row[i]), a = u & 0x7FFFFFFFu, biased = a >> 23;
-            uint32_t m = biased ? (a & 0x7FFFFFu) | 0x800000u : a;
-            int32_t s = biased ? (int32_t)biased - 150 : -149;
-            int32_t t = s + c->bits - 2 - e_row;
-            uint64_t left = (uint64_t)m << (t > 0 ? (t < 40 ? t : 40) : 0);
-            int32_t rs = -t < 1 ? 1 : (-t > 25 ? 25 : -t);
-            uint32_t q = m >> rs, rem = m & ((1u << rs) - 1), half = 1u << (rs - 1);
-            uint32_t right = q + ((rem > half) | ((rem == half) & (q & 1)));
-            int64_t mag = (int64_t)(t >= 0 ? left : right) * finite;
-            int64_t v = (u >> 31) ? -mag : mag;
-            for (int sl = 0; sl < c->slices; sl++) {                        /* balanced base-256 digits */
-                int64_t digit = ((v + 128) & 255) - 128;
-                d[sl * plane + i] = (int8_t)digit;
-                v = (v - digit) >> 8;
+        if (c->q) {
+            int64_t *qrow = c->q + r * k;
+            for (int64_t i = 0; i < k; i++)
+                qrow[i] = quantised(row[i], c->bits, e_row, finite);
+        } else {
+            int8_t *d = c->digits + r * k;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t v = quantised(row[i], c->bits, e_row, finite);
+                for (int sl = 0; sl < c->slices; sl++) {                    /* balanced base-256 digits */
+                    int64_t digit = ((v + 128) & 255) - 128;
+                    d[sl * plane + i] = (int8_t)digit;
+                    v = (v - digit) >> 8;
+                }
             }
         }
         c->exponent[r] = e_row;
@@ -80,7 +93,15 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
 void bp_linear_quantise(const float *v, int64_t rows, int64_t k, int bits, int slices, int8_t *digits,
                         int32_t *exponent, uint8_t *finite, int nthreads)
 {
-    const struct quantise_job c = {v, rows, k, bits, slices, digits, exponent, finite};
+    const struct quantise_job c = {v, rows, k, bits, slices, digits, 0, exponent, finite};
+    bp_parallel_for(quantise_span, &c, rows, nthreads);
+}
+
+/* The same quantisation, Q as int64 [rows][k] (the weight gradient's binary64 products). */
+void bp_linear_quantise_q(const float *v, int64_t rows, int64_t k, int bits, int64_t *q, int32_t *exponent,
+                          uint8_t *finite, int nthreads)
+{
+    const struct quantise_job c = {v, rows, k, bits, 0, 0, q, exponent, finite};
     bp_parallel_for(quantise_span, &c, rows, nthreads);
 }
 
@@ -182,6 +203,39 @@ void bp_linear_round(const int32_t *partials, int64_t chunks, int64_t m, int64_t
     const struct round_job c = {partials, chunks, m, n, k, sx, sw, ex, ew, x_finite, w_finite, x, w, bias, offset,
                                 out};
     bp_parallel_for(round_span, &c, m, nthreads);
+}
+
+struct round_f64_job {
+    const double *high, *low;       /* [m][n], exact integers: S = high 2^20 + low */
+    int64_t n, k;
+    const int32_t *ex, *ew;
+    const uint8_t *x_finite, *w_finite;
+    const float *x, *w;
+    int offset;
+    float *out;
+};
+
+static void round_f64_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct round_f64_job *c = ctx;
+    for (int64_t r = begin; r < end; r++)
+        for (int64_t col = 0; col < c->n; col++) {
+            int64_t at = r * c->n + col;
+            c->out[at] = (c->x_finite[r] && c->w_finite[col])
+                ? round_scaled((i128)(int64_t)c->high[at] * ((i128)1 << 20) + (int64_t)c->low[at],
+                               c->ex[r] + c->ew[col] - c->offset)
+                : nonfinite_pair(c->x + r * c->k, c->w + col * c->k, c->k);
+        }
+}
+
+/* out [m, n] from S = high 2^20 + low, each an exact integer below 2^53 held in binary64 (linear's products for
+ * short k, int_linear.weight_grad), as bp_linear_round without a bias. */
+void bp_linear_round_f64(const double *high, const double *low, int64_t m, int64_t n, int64_t k,
+                         const int32_t *ex, const int32_t *ew, const uint8_t *x_finite, const uint8_t *w_finite,
+                         const float *x, const float *w, int offset, float *out, int nthreads)
+{
+    const struct round_f64_job c = {high, low, n, k, ex, ew, x_finite, w_finite, x, w, offset, out};
+    bp_parallel_for(round_f64_span, &c, m, nthreads);
 }
 
 struct gemm_job {
