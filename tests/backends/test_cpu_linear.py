@@ -25,7 +25,9 @@ def _case(m, k, n, seed):
     return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(w.astype(np.float32))
 
 
-SHAPES = [(1, 1, 1), (1, 1, 7), (3, 2, 1), (5, 33, 9), (17, 300, 40), (2, 4100, 3)]
+# Short products go to the C GEMM whatever the probe says (int_linear.INT_MM_MIN_ROWS); 40 and 64 rows of x make
+# 200 and 320 rows of digit slices, which torch._int_mm multiplies where the probe passed.
+SHAPES = [(1, 1, 1), (1, 1, 7), (3, 2, 1), (5, 33, 9), (17, 300, 40), (2, 4100, 3), (40, 300, 40), (64, 1, 5)]
 
 
 @pytest.mark.parametrize("fallback", [False, True])
@@ -35,9 +37,12 @@ def test_int_mm_and_the_fallback_give_the_reference_bits(monkeypatch, fallback, 
         monkeypatch.setattr(int_linear, "int_mm_is_exact", lambda: False)
     x, w = _case(m, k, n, [m, k, n])
     bias = torch.linspace(-1, 1, n)
+    calls = []
+    monkeypatch.setattr(int_linear, "_int_mm", lambda a, b, real=int_linear._int_mm: calls.append(1) or real(a, b))
     for level in LEVELS:
         got = cpu.build(level).linear(x, w.clone(), bias)          # a fresh weight: no cached digits
         assert torch.equal(canonical_bits(got), canonical_bits(reference.linear(x, w, bias))), level
+    assert bool(calls) == (not fallback and int_linear.X_SLICES * m >= int_linear.INT_MM_MIN_ROWS)
 
 
 def test_the_probe_finds_int_mm_exact_here():

@@ -68,9 +68,15 @@ def int_mm_is_exact():
     return True
 
 
+# torch._int_mm costs milliseconds per call below this many rows of a (measured: 7 ms for [5, 64] x [256, 64]
+# against 0.07 ms in C; 0.03 ms against 0.37 ms at 320 rows), so short products, the decode steps' and MoE
+# experts', go to the C GEMM. Both are exact: the choice changes no bit.
+INT_MM_MIN_ROWS = 128
+
+
 def _gemm(lib, a, b, threads):
     """a [M, K], b [N, K] int8 -> [M, N] int32, exact for K <= CHUNK_K."""
-    if int_mm_is_exact():
+    if a.shape[0] >= INT_MM_MIN_ROWS and int_mm_is_exact():
         return _int_mm(a, b)
     out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.int32)
     lib.bp_int8_gemm(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[0], a.shape[1], out.data_ptr(), threads)
