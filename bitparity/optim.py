@@ -108,7 +108,7 @@ class _Canonical(torch.optim.Optimizer):
             param_group = {**param_group, "params": list(params)}
         params = param_group["params"]
         for i, p in enumerate([params] if isinstance(params, torch.Tensor) else params):
-            if isinstance(p, torch.Tensor):
+            if isinstance(p, torch.Tensor) and p.requires_grad:     # a frozen parameter never gets a gradient
                 _check_dense_float32(p, None, type(self).__name__,
                                      f"param_groups[{len(self.param_groups)}]['params'][{i}]")
         super().add_param_group(param_group)
@@ -319,7 +319,7 @@ class GradientFold:
     def __init__(self, params):
         self.params = _params(params, "params")
         for i, p in enumerate(self.params):
-            if p.dtype != torch.float32:
+            if p.dtype != torch.float32 and p.requires_grad:       # a frozen parameter never gets a gradient
                 raise TypeError(f"GradientFold: params[{i}] has dtype {p.dtype}; each micro-batch's backward rounds "
                                 f"its .grad to that dtype, so folding them cannot give one backward's bits: keep "
                                 f"float32 master parameters")
@@ -344,7 +344,8 @@ class GradientFold:
                                  f"{first}: every micro-batch but the last must have the same power-of-two number "
                                  f"of rows, the last at most as many (spec 29.1)")
         for i, p in enumerate(self.params):
-            _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
+            if p.grad is not None:
+                _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
         grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
         for p in self.params:
             p.grad = None

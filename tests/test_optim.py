@@ -352,6 +352,9 @@ def test_gradient_fold_refuses_bf16_parameters_and_sparse_gradients():
     with pytest.raises(TypeError, match=r"params\[1\] has dtype torch.bfloat16.*float32 master"):
         optim.GradientFold([torch.nn.Parameter(torch.zeros(2)),
                             torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+    frozen = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16), requires_grad=False)
+    optim.GradientFold([frozen]).add(4)                       # no gradient ever: nothing to round
+    optim.AdamW([frozen, torch.nn.Parameter(torch.zeros(2))]).step()
     w = torch.nn.Parameter(torch.zeros(3))
     w.grad = torch.zeros(3).to_sparse()
     with pytest.raises(TypeError, match=r"params\[0\] is torch.sparse_coo"):
