@@ -483,3 +483,34 @@ def test_native_backend_has_no_canonical_step():
     p.grad = torch.ones(2)
     with pytest.raises(ValueError, match="no canonical adamw_step"):
         optim.AdamW([p], backend="native").step()
+
+
+def test_state_dict_round_trip_continues_with_the_same_bits():
+    """A checkpoint mid-training (torch's state_dict, with the binary64 beta powers) resumes to the bits of an
+    uninterrupted run; a loaded group with an out-of-domain value is refused at the next step."""
+    gen = torch.Generator().manual_seed(8)
+    grads = [torch.randn(5, generator=gen) for _ in range(4)]
+
+    def run(checkpoint_at, load=True):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 5))
+        opt = optim.AdamW([p], lr=1e-2, backend="cpu")
+        for t, g in enumerate(grads):
+            if t == checkpoint_at:
+                saved_p, saved = p.detach().clone(), opt.state_dict()
+                p = torch.nn.Parameter(saved_p)
+                opt = optim.AdamW([p], lr=1e-2, backend="cpu")
+                if load:
+                    opt.load_state_dict(saved)
+            p.grad = g.clone()
+            opt.step()
+        return _bits(p.detach()), opt
+    straight, _ = run(None)
+    resumed, opt = run(2)
+    assert torch.equal(straight, resumed)
+    assert not torch.equal(straight, run(2, load=False)[0])          # negative control: a fresh state differs
+    saved = opt.state_dict()
+    saved["param_groups"][0]["eps"] = 0.0
+    opt.load_state_dict(saved)
+    opt.param_groups[0]["params"][0].grad = grads[0].clone()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['eps'\]"):
+        opt.step()
