@@ -26,8 +26,8 @@ import torch
 
 from .. import ops, optim
 from . import cases
-from .cases import (ADVERSARIAL_KINDS, MODEL_CASES, RL_TENSORS, RL_VARIANTS, ROW_KINDS, TIERS, make_adversarial,
-                    make_logits, make_rl_adversarial, make_rl_batch, make_tokens, model_inputs)
+from .cases import (ADVERSARIAL_KINDS, MODEL_CASES, RL_TENSORS, RL_VARIANTS, ROW_KINDS, TIERS, make_logits,
+                    make_rl_adversarial, make_rl_batch, model_inputs)
 
 SOFTMAX_GRAD_OPS = ("sum", "logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs")
 RL_GRAD_OPS = ("masked_mean", "masked_whiten", "kl_penalty", "ppo_policy_loss")
