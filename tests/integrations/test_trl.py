@@ -117,8 +117,9 @@ def test_stock_trl_bypasses_the_patched_head(checkpoint, tmp_path, monkeypatch):
 
 
 def test_same_weights_on_cpu_and_ascend(checkpoint, tmp_path):
-    """Three steps (generations at steps 0 and 2, an optimizer step after each) from the same seed: the weights' digest is the
-    same on the C backend and the Ascend C kernels (host emulation); torch's own ops (native) end elsewhere."""
+    """Three steps (generations at steps 0 and 2, an optimizer step after each) from the same seed: the weights'
+    digest is the same on the C backend and the Ascend C kernels (host emulation); torch's own ops (native) end
+    elsewhere."""
     digests = {}
     for name in ("cpu", "ascend", "native"):
         with bitparity.use_backend(name):

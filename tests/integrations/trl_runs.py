@@ -19,7 +19,8 @@ LOW_WORDS = set(WORDS[:30])
 
 
 def save_checkpoint(path, seed=0):
-    """A 2-layer Qwen3 (hidden 32, 4 query / 2 key-value heads, vocabulary 63) and its WordLevel tokenizer."""
+    """A 2-layer Qwen3 (hidden 64, 4 query / 2 key-value heads of 32, vocabulary 63; stock vLLM's CPU attention
+    takes no head_dim below 32) and its WordLevel tokenizer."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -28,8 +29,8 @@ def save_checkpoint(path, seed=0):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", eos_token="[EOS]",
                                                      unk_token="[UNK]", padding_side="left")
-    config = transformers.Qwen3Config(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+    config = transformers.Qwen3Config(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
                                       max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.2,
                                       pad_token_id=vocab["[PAD]"], eos_token_id=vocab["[EOS]"],
                                       bos_token_id=None, use_sliding_window=False)
