@@ -116,24 +116,26 @@ def _reversed_fold(real):
     return weight_grad
 
 
-def test_a_wrong_backward_fails_verify_naming_its_op_and_tensor(committed, monkeypatch, capsys):
-    """Acceptance (issue 26): the ascend backend's parameter-gradient fold (its host emulation here), reversed, is
+@pytest.mark.parametrize("backend", ("cpu", "ascend"))
+def test_a_wrong_backward_fails_verify_naming_its_op_and_tensor(backend, committed, monkeypatch, capsys):
+    """Acceptance (issue 26): a backend's parameter-gradient fold (ascend: its host emulation here), reversed, is
     caught by the gradient goldens, which name linear's dweight (and only it: dx and dbias are other computations),
-    with its max ulp against the local canonical result (cpu's, untouched) and the first differing index."""
-    module = resolve("ascend", torch.device("cpu"))
+    with its max ulp against the local canonical result (cpu's, or numpy's when cpu is the one verified) and the
+    first differing index."""
+    module = resolve(backend, torch.device("cpu"))
     monkeypatch.setattr(module, "weight_grad", _reversed_fold(module.weight_grad))
     picked = grad_cases.suite("quick", ["linear.backward"])
     monkeypatch.setattr(cases, "suite", lambda tier: [])
     monkeypatch.setattr(grad_cases, "suite", lambda tier: picked)
-    assert cli.main(["verify", "--backend", "ascend", "--quick", "--format", "json"]) == 1
+    assert cli.main(["verify", "--backend", backend, "--quick", "--format", "json"]) == 1
     rows = json.loads(capsys.readouterr().out)["cases"]
     wrong = [r for r in rows if not r["match"]]
     assert wrong and {(r["op"], r["tensor"]) for r in wrong} == {("linear.backward", "dweight")}
     assert all(r["max_ulp"] > 0 and isinstance(r["first_diff"], int) and r["error"] is None for r in wrong)
     assert all(r["match"] for r in rows if r["tensor"] != "dweight")
-    assert cli.main(["verify", "--backend", "ascend", "--quick"]) == 1
+    assert cli.main(["verify", "--backend", backend, "--quick"]) == 1
     table = capsys.readouterr().out
-    assert f"ascend: {len(rows) - len(wrong)}/{len(rows)} quick digests" in table
+    assert f"{backend}: {len(rows) - len(wrong)}/{len(rows)} quick digests" in table
     cells = [[c.strip() for c in line.split("|")[1:6]] for line in table.splitlines() if "MISMATCH" in line]
     assert sorted((name, tensor, float(ulp), int(first)) for name, tensor, _, ulp, first in cells) == sorted(
         (r["name"], "dweight", float(f"{r['max_ulp']:.3g}"), r["first_diff"]) for r in wrong)
