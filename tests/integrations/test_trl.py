@@ -5,6 +5,9 @@ settings that leave the canonical path are refused; the same run gives the same 
 Controls: stock TRL on the same patched model never calls the patched lm_head in its log-prob passes; the
 native backend's run ends on other weights. Skipped without TRL."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,7 +21,10 @@ import bitparity  # noqa: E402
 from bitparity import ops  # noqa: E402
 from bitparity.integrations import trl as bp_trl  # noqa: E402
 
-from .trl_runs import bits, config, dataset, logged, reward_low_words, save_checkpoint, spy_on_loss, weights_digest  # noqa: E402,E501
+from .trl_runs import (bits, config, dataset, logged, reward_low_words, save_checkpoint, spy_on_loss,  # noqa: E402
+                       weights_digest)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +159,10 @@ def test_an_unpatched_policy_is_refused(checkpoint, tmp_path):
         trainer(checkpoint, tmp_path, model=model)
     with pytest.raises(TypeError, match="args must be a trl.GRPOConfig"):
         bp_trl.GRPOTrainer(policy(checkpoint), reward_low_words, None)
+
+
+def test_docs_recipe_runs(checkpoint, tmp_path):
+    """docs/integrations.md's TRL recipe, as written, with its two free names bound; its asserts are its claims."""
+    section = DOCS.read_text().split("**TRL** (1.16.0", 1)[1].split("**OpenRLHF**", 1)[0]
+    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    exec(compile(block, str(DOCS), "exec"), {"path": checkpoint, "output_dir": str(tmp_path)})
