@@ -36,7 +36,8 @@ def test_stock_trl_with_stock_vllm_shows_a_mismatch(tmp_path_factory, monkeypatc
     path = save_checkpoint(tmp_path_factory.mktemp("qwen3"))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
     trainer = trl.GRPOTrainer(model, reward_low_words, colocate_config(tmp_path_factory.mktemp("out"), max_steps=1),
-                              train_dataset=dataset(), processing_class=transformers.AutoTokenizer.from_pretrained(path))
+                              train_dataset=dataset(),
+                              processing_class=transformers.AutoTokenizer.from_pretrained(path))
     try:
         assert trainer.vllm_generation.llm.apply_model(lambda m: type(m).__name__) == ["Qwen3ForCausalLM"]
         trainer.vllm_generation.sync_weights = lambda: None
