@@ -166,3 +166,22 @@ def test_docs_recipe_runs(checkpoint, tmp_path):
     section = DOCS.read_text().split("**TRL** (1.16.0", 1)[1].split("**OpenRLHF**", 1)[0]
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     exec(compile(block, str(DOCS), "exec"), {"path": checkpoint, "output_dir": str(tmp_path)})
+
+
+def test_hf_rollout_cuts_each_completion_after_its_eos(checkpoint, tmp_path):
+    """The token row 0 draws third made the EOS: row 0 stops there (EOS kept, its log-prob too), and every row's
+    tokens and log-probs are the first call's (the seeds depend on the step and the row only)."""
+    run = trainer(checkpoint, tmp_path)
+    prompts = ["w1 w2 w3", "w1 w2 w3", "w4 w5", "w4 w5"]
+    first = bp_trl.hf_rollout(prompts, run)
+    tokens = first["completion_ids"][0]
+    eos = next(t for j, t in enumerate(tokens) if j >= 2 and t not in tokens[:j])
+    cut = tokens.index(eos) + 1
+    run.eos_token_ids = [eos]
+    second = bp_trl.hf_rollout(prompts, run)
+    assert second["prompt_ids"] == first["prompt_ids"]
+    for row, (ids, logps) in enumerate(zip(second["completion_ids"], second["logprobs"])):
+        ends = [j for j, t in enumerate(first["completion_ids"][row]) if t == eos]
+        n = ends[0] + 1 if ends else len(first["completion_ids"][row])
+        assert ids == first["completion_ids"][row][:n] and logps == first["logprobs"][row][:n]
+    assert len(second["completion_ids"][0]) == cut < len(tokens)
