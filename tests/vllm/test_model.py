@@ -17,7 +17,7 @@ from vllm import SamplingParams  # noqa: E402
 from bitparity import hf, ops  # noqa: E402
 
 from .engines import (MAX_BATCHED_TOKENS, PLUGIN_NAMES, assert_trainer_bits, bits, close, engine,  # noqa: E402
-                      generate, model_class, reference, save_checkpoint, use_test_environment)
+                      generate, model_class, reference, save_checkpoint)
 
 CASES = [("qwen3", "float32"), ("qwen3", "bfloat16"), ("qwen3_moe", "float32"), ("qwen3_moe", "bfloat16"),
          ("llama", "float32"), ("llama", "bfloat16")]
@@ -44,7 +44,6 @@ assert max(len(p) for p, _ in REQUESTS) > MAX_BATCHED_TOKENS
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def case(request, tmp_path_factory):
     kind, dtype = request.param
-    use_test_environment(tmp_path_factory.mktemp("vllm-cache"))
     path = save_checkpoint(kind, tmp_path_factory.mktemp(kind))
     llm = engine(path, kind, dtype, logprobs_mode=f"{KIND[dtype]}_logprobs")
     yield kind, llm, reference(path, kind, dtype), KIND[dtype]

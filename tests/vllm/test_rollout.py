@@ -13,13 +13,6 @@ from bitparity import cli  # noqa: E402
 from bitparity.models.hf_policy import builtin  # noqa: E402
 from bitparity.rl import check  # noqa: E402
 
-from .engines import use_test_environment  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def environment(tmp_path_factory):
-    use_test_environment(tmp_path_factory.mktemp("vllm-cache"))
-
 
 @pytest.mark.parametrize("model", ("tiny", "llama"))
 def test_vllm_rollout_gives_zero_logdiff_and_the_engines_digest(model, tmp_path, capsys):

@@ -19,7 +19,7 @@ from vllm import ModelRegistry, SamplingParams  # noqa: E402
 from bitparity.vllm import plugin  # noqa: E402
 
 from .engines import (assert_trainer_bits, bits, close, engine, generate, model_class, reference,  # noqa: E402
-                      save_checkpoint, trainer_side, use_test_environment)
+                      save_checkpoint, trainer_side)
 
 KIND, DTYPE = "qwen3", "float32"
 RNG = np.random.Generator(np.random.PCG64(3))
@@ -30,7 +30,6 @@ GREEDY = [(tuple(int(t) for t in RNG.integers(0, 512, n)), SamplingParams(max_to
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    use_test_environment(tmp_path_factory.mktemp("vllm-cache"))
     path = save_checkpoint(KIND, tmp_path_factory.mktemp(KIND))
     return path, reference(path, KIND, DTYPE)
 
