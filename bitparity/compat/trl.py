@@ -61,7 +61,6 @@ def _row_mask(row_mask, index):
 def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
     """log_softmax(logits / temperature) gathered at index, of index's shape: logits.shape[:-1] (one token per
     row) or logits.shape[:-1] + (K,); 0.0 where row_mask (index's shape) is 0."""
-    mask = None if row_mask is None else _row_mask(row_mask, tensor("index", index))
     if tensor("index", index).dim() != tensor("logits", logits).dim():
         with caller_names(tokens="index"):
             out = ops.token_logprobs(logits, index, temperature)
@@ -74,7 +73,7 @@ def selective_log_softmax(logits, index, temperature=1.0, row_mask=None):
             raise ValueError(f"index must lie in [0, {logits.shape[-1]}) (the vocabulary size); got "
                              f"{int(index.min()) if int(index.min()) < 0 else int(index.max())}")
         out = full.gather(-1, index)
-    return out if mask is None else out.masked_fill(~mask, 0.0)
+    return out if row_mask is None else out.masked_fill(~_row_mask(row_mask, index), 0.0)
 
 
 def entropy_from_logits(logits, chunk_size=128):
