@@ -11,7 +11,8 @@
 - The models TRL builds from a path inside `__init__` (the reference model when `beta > 0`) are patched like the
   policy, on the policy's backend, before TRL adds its fused head or wraps them: never HF's modules with
   bitparity's attention.
-- Settings that would take a forward off the patched modules are refused before TRL builds anything.
+- Settings that would take a forward off the patched modules are refused before TRL builds anything; with
+  vLLM, the colocate engine's dtype is checked against the policy's once TRL has built it.
 
 Rollouts: `hf_rollout` is a `rollout_func` (TRL's experimental hook) that generates with the patched model and
 `bitparity.hf.Sampler`; with `use_vllm=True` TRL's colocate mode runs vLLM with the bitparity plugin
