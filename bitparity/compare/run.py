@@ -9,8 +9,9 @@ For each op x backend it reports:
   same device; the backends' runs interleave (timing.measure_interleaved), so a change of load hits them alike.
 The gradient cases (compare/grad_cases.py: "<op>.backward" and the training steps) are rows of their own: their
 max ulp is against the float64 backward meanings (reference/float64.py) in spec 26.12's measure (the softmax family
-and the RL losses: ulps of a per-row floor; kl_penalty, ppo_policy_loss, exp and the training steps: relative) or
-spec 29.14's (the model blocks, the embedding and GradientFold: units U = 2^-24 of the tensor's largest magnitude);
+and the RL losses: ulps of a per-row floor; sum, exp, masked_mean, kl_penalty, ppo_policy_loss: relative) or
+spec 29.14's (the model blocks, the embedding, GradientFold and the training steps: units U = 2^-24 of the tensor's
+largest magnitude); a bfloat16 gradient at bfloat16's resolution;
 their time is the backward alone, on a graph built once (the training steps: the whole case), against torch autograd
 (torch.optim, torch's clip_grad_norm_) on the same device.
 For each case it records the output digest (golden.digest) of every backend that ran it, the unit `bitparity diff`
