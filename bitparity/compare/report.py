@@ -175,8 +175,8 @@ def notes(doc):
             ([f"- gradient ops (<op>.backward, the training steps): `max ulp vs f64` is in spec 26.12's measure "
               f"(ulps of its floor; relative for sum, exp, masked_mean, kl_penalty, ppo_policy_loss) or, for the "
               f"model blocks, the embedding, GradientFold and the training steps, spec 29.14's (units of 2^-24 "
-              f"times the tensor's largest magnitude), bfloat16 gradients at bfloat16's resolution; times are the backward alone "
-              f"against torch autograd (the steps: the whole case against torch.optim), runs until "
+              f"times the tensor's largest magnitude), bfloat16 gradients at bfloat16's resolution; times are the "
+              f"backward alone against torch autograd (the steps: the whole case against torch.optim), runs until "
               f"{t['gradient_budget_s']:g} s"] if "gradient_budget_s" in t and any(
                   r["op"] in GRAD_OPS for r in doc["results"]) else []) +
             [f"- WARNING: {w}" for w in doc["warnings"]])
