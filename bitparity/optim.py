@@ -108,7 +108,7 @@ class _Canonical(torch.optim.Optimizer):
             param_group = {**param_group, "params": list(params)}
         params = param_group["params"]
         for i, p in enumerate([params] if isinstance(params, torch.Tensor) else params):
-            if isinstance(p, torch.Tensor):
+            if isinstance(p, torch.Tensor) and p.requires_grad:     # a frozen parameter never gets a gradient
                 _check_dense_float32(p, None, type(self).__name__,
                                      f"param_groups[{len(self.param_groups)}]['params'][{i}]")
         super().add_param_group(param_group)
@@ -320,7 +320,7 @@ class GradientFold:
     def __init__(self, params):
         self.params = _params(params, "params")
         for i, p in enumerate(self.params):
-            if p.dtype != torch.float32:
+            if p.dtype != torch.float32 and p.requires_grad:       # a frozen parameter never gets a gradient
                 raise TypeError(f"GradientFold: params[{i}] has dtype {p.dtype}; each micro-batch's backward rounds "
                                 f"its .grad to that dtype, so folding them cannot give one backward's bits: keep "
                                 f"float32 master parameters")
@@ -349,7 +349,8 @@ class GradientFold:
                                  f"{spec.LINEAR_GRAD_BLOCK} of a linear gradient block: with several micro-batches "
                                  f"each must hold whole blocks (spec 29.2), or the fold is not one backward's")
         for i, p in enumerate(self.params):
-            _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
+            if p.grad is not None:
+                _check_dense_float32(p, p.grad, "GradientFold", f"params[{i}]")
         grads = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
         for p in self.params:
             p.grad = None

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""The prepared GPU check (issue 7): golden digests, platform probe and benchmark of the `cuda` backend.
+"""The prepared GPU check (issues 7, 26): golden digests (forward and gradient), platform probe, benchmark
+(forward and backward), the RL step, three training steps and an RL step on a patched Hugging Face model, on the
+`cuda` backend.
 
-On a machine with an NVIDIA GPU, torch with CUDA and triton (sized for a budget of about 8 minutes on
-an H200; not yet run on a GPU, so that is a target, not a measurement):
+On a machine with an NVIDIA GPU, torch with CUDA and triton (estimated under 8 minutes on an H200, within the
+15-minute device budget with the machine's start; not yet run on a GPU, so that is an estimate, whose basis
+docs/portability.md gives, not a measurement):
     python scripts/gpu_check.py [--out DIR]
 Without a GPU, as CI runs it (the Triton interpreter on the CPU; says nothing about a GPU):
     python scripts/gpu_check.py --interpret --small

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The prepared NPU check (issue 7): golden digests, platform probe and benchmark of the `ascend` backend.
+"""The prepared NPU check (issues 7, 26): golden digests (forward and gradient), platform probe, benchmark
+(forward and backward), the RL step, three training steps and an RL step on a patched Hugging Face model, on the
+`ascend` backend.
 
 On an Ascend machine with torch_npu and the library built by scripts/npu_build.sh:
     python scripts/npu_check.py [--out DIR]

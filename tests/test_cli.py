@@ -1,5 +1,6 @@
 """The `bitparity` command's own surface: its version, its help, and which parser reports a bad flag."""
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -42,3 +43,9 @@ def test_a_bad_flag_after_a_subcommand_is_reported_with_that_subcommands_usage(a
     err = capsys.readouterr().err
     assert err.startswith(f"usage: bitparity {argv[0]} [-h]")
     assert err.endswith(f"bitparity {argv[0]}: error: unrecognized arguments: {argv[-1]}\n")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: tests/vllm runs it")
+def test_rl_check_rollout_vllm_without_vllm_says_what_to_install(capsys):
+    assert cli.main(["rl-check", "--model", "qwen3", "--rollout", "vllm"]) == 2
+    assert "--rollout vllm needs vLLM with bitparity's plugin (pip install 'bitparity[vllm]')" in capsys.readouterr().err

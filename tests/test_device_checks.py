@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bitparity.backends.ascend import npu_ops
-from bitparity.compare import device_check
+from bitparity.compare import device_check, grad_cases
 from bitparity.compare.run import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,21 +28,27 @@ def _run_script(script, flag, out):
     return proc
 
 
-def _check_document(doc, md, where, bench_where):
+def _check_document(doc, md, where, bench_where, gradient_ops):
     assert all(step["status"] == "ok" for step in doc["steps"].values()), doc["steps"]
     verified = doc["steps"]["verify"]["value"]
-    assert all(r["match"] for r in verified) and {r["op"] for r in verified} == set(OPS)
+    assert all(r["match"] for r in verified) and {r["op"] for r in verified} == set(OPS) | set(gradient_ops)
+    assert {"dx", "dweight"} <= {r["tensor"] for r in verified if r["op"] == "linear.backward"}   # each tensor
     assert all(where in f["where"] for f in doc["steps"]["probe"]["value"])
     bench = doc["steps"]["bench"]["value"]
-    assert {(r["op"], r["backend"]) for r in bench} == {(op, b) for op in OPS for b in ("native", doc["backend"])}
+    timed = (*OPS, *device_check.SMALL_GRAD_BENCH)
+    assert {(r["op"], r["backend"]) for r in bench} == {(op, b) for op in timed for b in ("native", doc["backend"])}
     assert {r["where"] for r in bench if r["backend"] != "native"} == {bench_where}
-    assert f"{len(verified)}/{len(verified)} cases match." in md
+    assert f"{len(verified)}/{len(verified)} digests match (forward cases and gradient tensors)." in md
     assert "## 2. Probe" in md and "## 3. Benchmark" in md and "### Targets" in md
     rl = doc["steps"]["rl_check"]["value"]
     assert rl["ok"] and rl["digest"] == rl["expected_digest"] and rl["logprob"]["max_abs_diff"] == 0.0
     assert "## 4. RL step (spec §25)" in md and "equal." in md
     train = doc["steps"]["train"]["value"]
     assert train["ok"] and train["equal"] == train["tensors"] == 9 and "## 5. Training (spec §29)" in md
+    hf = doc["steps"]["hf_rl_check"]["value"]           # --small: the first request, against numpy's digest
+    assert hf["ok"] and hf["model"] == "qwen3_moe" and hf["digest"] == hf["expected_digest"]
+    assert hf["logprob"]["bitwise_equal"] == hf["logprob"]["tokens"] > 0
+    assert "## 6. RL step on a patched Hugging Face model (spec §25.7, `--model qwen3_moe`)" in md
 
 
 @NO_GPU
@@ -50,14 +56,17 @@ def test_gpu_check_interpret_small_runs_end_to_end(tmp_path):
     proc = _run_script("gpu_check.py", "--interpret", tmp_path)
     assert "exit status 0" in proc.stdout
     doc = json.loads((tmp_path / "gpu-check.json").read_text())
-    _check_document(doc, (tmp_path / "gpu-check.md").read_text(), "Triton interpreter", "Triton interpreter (CPU)")
+    # The interpreter verifies one case of each gradient op but the stated skips (compare's subset).
+    _check_document(doc, (tmp_path / "gpu-check.md").read_text(), "Triton interpreter", "Triton interpreter (CPU)",
+                    set(grad_cases.GRAD_OPS) - set(grad_cases.INTERPRETER_SKIPS))
 
 
 @NO_NPU
 def test_npu_check_emulation_small_runs_end_to_end(tmp_path):
     _run_script("npu_check.py", "--emulation", tmp_path)
     doc = json.loads((tmp_path / "npu-check.json").read_text())
-    _check_document(doc, (tmp_path / "npu-check.md").read_text(), "host emulation", "host emulation (CPU)")
+    _check_document(doc, (tmp_path / "npu-check.md").read_text(), "host emulation", "host emulation (CPU)",
+                    grad_cases.GRAD_OPS)
 
 
 def _gpu_check():
@@ -79,10 +88,11 @@ def test_gpu_check_refuses_the_interpreter_on_a_gpu(tmp_path, monkeypatch):
         _gpu_check().main(["--interpret", "--out", str(tmp_path)])
 
 
-def _steps(verify_rows=None, failed=(), rl_ok=True, train_ok=True):
+def _steps(verify_rows=None, failed=(), rl_ok=True, train_ok=True, hf_ok=True):
     steps = {name: {"status": "ok", "value": []} for name in ("environment", "probe", "bench")}
     steps["rl_check"] = {"status": "ok", "value": {"ok": rl_ok}}
     steps["train"] = {"status": "ok", "value": {"ok": train_ok}}
+    steps["hf_rl_check"] = {"status": "ok", "value": {"ok": hf_ok}}
     steps["verify"] = ({"status": "error", "error": "Traceback"} if verify_rows is None
                        else {"status": "ok", "value": verify_rows})
     for name in failed:
@@ -100,6 +110,10 @@ def test_exit_status_says_whether_every_digest_matched():
     assert device_check.exit_status(_steps([match], rl_ok=False)) == 1           # the RL step's digest or bits differ
     assert device_check.exit_status(_steps([match], failed=("rl_check",))) == 2
     assert device_check.exit_status(_steps([match], train_ok=False)) == 1        # the trained bits differ
+    assert device_check.exit_status(_steps([match], hf_ok=False)) == 1           # the patched HF step differs
+    assert device_check.exit_status(_steps([match], failed=("hf_rl_check",))) == 2
+    gradient = dict(match, name="c", op="linear.backward", tensor="dweight", match=False, max_ulp=2.0, first_diff=3)
+    assert device_check.exit_status(_steps([match, gradient])) == 1              # a gradient tensor differs
 
 
 def test_targets_against_the_issue():

@@ -255,7 +255,9 @@ def test_clip_overflowing_squares_give_the_finite_norm(any_backend):
     assert torch.equal(_bits(torch.cat(grads)), _bits(torch.cat(_clip(values, "numpy")[1])))
     theirs_norm, theirs = _clip(values, None)
     assert float(theirs_norm) == float("inf") and float(torch.cat(theirs).abs().max()) == 0.0
-    optim.clip_grad_norm_([torch.nn.Parameter(torch.zeros(2))], 1.0, error_if_nonfinite=True)    # no gradient: fine
+    assert float(_clip(values, any_backend, error_if_nonfinite=True)[0]) == float(norm)     # finite: no error
+    with pytest.raises(RuntimeError, match="non-finite"):
+        _clip(values, None, error_if_nonfinite=True)
 
 
 def test_clip_error_if_nonfinite_raises_before_any_gradient_changes(any_backend):
@@ -298,8 +300,8 @@ def _state_bits(p, opt):
                                        for k, v in opt.state[p].items()}
 
 
-@pytest.mark.parametrize("key,value", [("lr", float("nan")), ("lr", -1e-3), ("eps", 0.0), ("weight_decay", float("inf")),
-                                       ("betas", (0.9, 1.0))])
+@pytest.mark.parametrize("key,value", [("lr", float("nan")), ("lr", -1e-3), ("eps", 0.0),
+                                       ("weight_decay", float("inf")), ("betas", (0.9, 1.0))])
 def test_a_scheduler_changed_group_is_refused_at_step_before_anything_changes(key, value):
     p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = optim.AdamW([p], lr=1e-2, backend="numpy")
@@ -362,12 +364,30 @@ def test_gradient_fold_refuses_layouts_that_are_not_one_backward_before_taking_t
 
 def test_gradient_fold_refuses_bf16_parameters_and_sparse_gradients():
     with pytest.raises(TypeError, match=r"params\[1\] has dtype torch.bfloat16.*float32 master"):
-        optim.GradientFold([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+        optim.GradientFold([torch.nn.Parameter(torch.zeros(2)),
+                            torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+    frozen = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16), requires_grad=False)
+    optim.GradientFold([frozen]).add(4)                       # no gradient ever: nothing to round
+    optim.AdamW([frozen, torch.nn.Parameter(torch.zeros(2))]).step()
     w = torch.nn.Parameter(torch.zeros(3))
     w.grad = torch.zeros(3).to_sparse()
     with pytest.raises(TypeError, match=r"params\[0\] is torch.sparse_coo"):
         optim.GradientFold([w]).add(4)
     assert w.grad.layout == torch.sparse_coo
+
+
+@pytest.mark.parametrize("cls,kw", [(optim.AdamW, {"lr": 1e-2}), (optim.SGD, {"lr": 1e-2, "momentum": 0.9})])
+def test_zero_size_parameters_are_stepped_as_nothing(any_backend, cls, kw):
+    """A parameter with no elements is a defined no-op on every backend; its neighbour gets the bits it gets alone."""
+    def run(with_empty):
+        empty, q = torch.nn.Parameter(torch.zeros(0, 3)), torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+        opt = cls([empty, q] if with_empty else [q], backend=any_backend, **kw)
+        for g in ([0.5, 3.0], [-1.0, 0.25]):
+            empty.grad, q.grad = torch.zeros(0, 3), torch.tensor(g)
+            opt.step()
+        return empty.detach(), _bits(q.detach())
+    empty, with_empty = run(True)
+    assert empty.shape == (0, 3) and torch.equal(with_empty, run(False)[1])
 
 
 # -- the argument table: each argument, an out-of-domain value, the error and the words it must contain -------
@@ -477,3 +497,34 @@ def test_native_backend_has_no_canonical_step():
     p.grad = torch.ones(2)
     with pytest.raises(ValueError, match="no canonical adamw_step"):
         optim.AdamW([p], backend="native").step()
+
+
+def test_state_dict_round_trip_continues_with_the_same_bits():
+    """A checkpoint mid-training (torch's state_dict, with the binary64 beta powers) resumes to the bits of an
+    uninterrupted run; a loaded group with an out-of-domain value is refused at the next step."""
+    gen = torch.Generator().manual_seed(8)
+    grads = [torch.randn(5, generator=gen) for _ in range(4)]
+
+    def run(checkpoint_at, load=True):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 5))
+        opt = optim.AdamW([p], lr=1e-2, backend="cpu")
+        for t, g in enumerate(grads):
+            if t == checkpoint_at:
+                saved_p, saved = p.detach().clone(), opt.state_dict()
+                p = torch.nn.Parameter(saved_p)
+                opt = optim.AdamW([p], lr=1e-2, backend="cpu")
+                if load:
+                    opt.load_state_dict(saved)
+            p.grad = g.clone()
+            opt.step()
+        return _bits(p.detach()), opt
+    straight, _ = run(None)
+    resumed, opt = run(2)
+    assert torch.equal(straight, resumed)
+    assert not torch.equal(straight, run(2, load=False)[0])          # negative control: a fresh state differs
+    saved = opt.state_dict()
+    saved["param_groups"][0]["eps"] = 0.0
+    opt.load_state_dict(saved)
+    opt.param_groups[0]["params"][0].grad = grads[0].clone()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['eps'\]"):
+        opt.step()

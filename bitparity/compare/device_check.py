@@ -3,9 +3,10 @@
 scripts/gpu_check.py runs it for the `cuda` backend and scripts/npu_check.py for `ascend`.  The steps,
 in order:
 
-1. verify: every case of the conformance suite on the backend (in the Triton interpreter, compare's
-   subset), digests against the goldens (golden.verify); mismatches are printed with their max ulp and
-   first differing index;
+1. verify: every case of the conformance suite on the backend, forward and gradient (compare/grad_cases.py:
+   the backward of every differentiable op, AdamW and SGD steps, clip_grad_norm_, GradientFold; in the Triton
+   interpreter, compare's subset), digests against the goldens (golden.verify); mismatches are printed with their
+   op, gradient tensor, max ulp and first differing index;
 2. probe: the platform assumptions of the spec, on the backend's device (compare/probe.py);
 3. bench: every op against torch's native op and the device's copy bandwidth (compare/bench.py),
    with the issue's targets checked;
@@ -14,11 +15,17 @@ in order:
 5. train: spec §29 on the device: the 3-step weights digest of `rl-check --steps 3` against spec §29.13's
    (with --small: the gradients of a tiny linear, rms_norm, attention and moe and one AdamW step, against
    numpy's bits on the CPU);
-6. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
+6. hf_rl_check: one RL step on a Hugging Face model patched by bitparity.patch, `rl-check --model qwen3_moe`
+   (grouped-query attention, a dense first layer, norm_topk_prob off), its digest against spec §25.7's
+   (with --small: the first request only, against numpy's on the CPU);
+7. write <name>.json and <name>.md under --out (default: $OUT, else ./<name>).
 
 Each step is run on its own: one that raises is recorded with its traceback and the others still
 run and are written.  Exit status: 0 when every step ran and every digest matched; 1 when a digest
-(golden, RL step or training) mismatched or verify could not run; 2 when every digest matched but another step failed.
+(golden, RL step, training or the HF step) mismatched or verify could not run; 2 when every digest matched but
+another step failed.
+
+Time on an H200 (an estimate: no GPU run yet; docs/portability.md gives its basis): under 8 minutes in all.
 
 Without the hardware the same run works on the CPU through the backend's test double (the Triton
 interpreter, the Ascend C host emulation), with --small shapes: CI runs it that way so that it
@@ -40,11 +47,18 @@ SHAPES = {
                  "sampling": ((64, 151936),), "linear": ((1, 4096, 4096), (256, 4096, 4096)),
                  "rms_norm": ((4096, 4096),), "rotary": ((4096, 32, 128),),
                  "attention": ((4, 32, 512, 512, 128), (64, 32, 1, 2048, 128)), "silu_mul": ((1 << 24,),),
-                 "moe": ((512, 1024, 32, 512, 4),)},
+                 "moe": ((512, 1024, 32, 512, 4),), "embedding": ((4096, 151936, 1024),)},
     "small": {"softmax": ((4, 2048),), "elementwise": ((1 << 14,),), "rl": ((8, 256),), "sampling": ((4, 2048),),
               "linear": ((4, 256, 64),), "rms_norm": ((8, 256),), "rotary": ((8, 4, 64),),
-              "attention": ((1, 2, 16, 16, 32),), "silu_mul": ((1 << 14,),), "moe": ((8, 32, 8, 16, 2),)},
+              "attention": ((1, 2, 16, 16, 32),), "silu_mul": ((1 << 14,),), "moe": ((8, 32, 8, 16, 2),),
+              "embedding": ((16, 512, 64),)},
 }
+# The gradient ops the bench step times with --small (a test double's times say nothing; CI checks the step's
+# structure): one of the softmax family, a model block and an optimizer step. The hardware times all of them.
+SMALL_GRAD_BENCH = ("log_softmax.backward", "linear.backward", "AdamW.step")
+# Spec §25.7's seed-0 step digest of `rl-check --model qwen3_moe` (numpy, cpu and ascend alike).
+HF_MODEL = "qwen3_moe"
+PUBLISHED_HF_DIGEST = "cf2cdc99c91151b4e41ca8b40781ab37c092307be82457f839bf138dc9ebfcf7"
 MEMORY_BOUND = ("logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "gae")
 TARGET_COPY_FRACTION = 0.8        # memory-bound ops: at least 80% of the measured copy bandwidth
 TARGET_NATIVE_RATIO = 1.0         # log_softmax and token_logprobs: no slower than torch's op
@@ -62,11 +76,20 @@ def parser(name, backend, double_flag, double_help):
     return p
 
 
-def bench_shapes(small):
-    from .bench import family
+def bench_ops(small):
+    """The forward ops, then the gradient ops (with --small, SMALL_GRAD_BENCH)."""
+    from .grad_cases import GRAD_OPS
     from .run import OPS
+    return list(OPS) + list(SMALL_GRAD_BENCH if small else GRAD_OPS)
+
+
+def bench_shapes(small):
+    """Shapes per op; a backward takes its forward's first shape (one measurement pair per gradient op, to keep
+    the run's time bounded), the training steps their conformance case of the bench's tier (bench.default_shapes)."""
+    from .bench import family
     sizes = SHAPES["small" if small else "hardware"]
-    return {op: sizes[family(op)] for op in OPS}
+    return {op: sizes[family(op)][:1] if op.endswith(".backward") else sizes[family(op)]
+            for op in bench_ops(small) if family(op) in sizes}
 
 
 def targets(rows):
@@ -102,19 +125,23 @@ def _step(results, name, fn):
 
 
 def _verify(backend, tier_):
-    from . import cases, golden, run
+    from . import cases, golden, grad_cases, run
     # The Triton interpreter verifies the subset compare runs on it (run.INTERPRETER_RULE): every op and row
-    # kind, none of the 151936-wide rows, which cost it seconds each; a GPU verifies the whole tier.
-    names = run.interpreter_subset(cases.suite(tier_)) if run.interpreted(backend) else None
+    # kind, none of the 151936-wide rows, which cost it seconds each, one case per gradient op; a GPU verifies the
+    # whole tier, forward and gradient.
+    suite = cases.suite(tier_) + grad_cases.suite(tier_)
+    names = run.interpreter_subset(suite) if run.interpreted(backend) else None
     if names is not None:
-        print(f"the Triton interpreter verifies {len(names)} of {len(cases.suite(tier_))} cases: "
-              f"{run.INTERPRETER_RULE}", flush=True)
+        print(f"the Triton interpreter verifies {len(names)} of {len(suite)} cases: {run.INTERPRETER_RULE}",
+              flush=True)
     rows = golden.verify(backend, tier_, names=names)
     for r in rows:
         if not r["match"]:
-            print(f"ERROR {r['name']} ({r['op']}): {r['error']}" if r["error"] else
-                  f"MISMATCH {r['name']} ({r['op']}): max ulp {r['max_ulp']}, first diff at {r['first_diff']}")
-    print(f"{sum(r['match'] for r in rows)}/{len(rows)} cases match the golden digests", flush=True)
+            what = f"{r['name']} ({r['op']}{', ' + r['tensor'] if r['tensor'] else ''})"
+            print(f"ERROR {what}: {r['error']}" if r["error"] else
+                  f"MISMATCH {what}: max ulp {r['max_ulp']}, first diff at {r['first_diff']}")
+    print(f"{sum(r['match'] for r in rows)}/{len(rows)} digests (forward cases and gradient tensors) match the "
+          f"golden digests", flush=True)
     return rows
 
 
@@ -129,8 +156,8 @@ def _probe(backend):
 
 def _bench(backend, small, repeats):
     from . import bench
-    from .run import OPS
-    rows = bench.run([backend], list(OPS), shapes=bench_shapes(small), tier="full", repeats=repeats)
+    rows = bench.run([backend], bench_ops(small), shapes=bench_shapes(small), tier="quick" if small else "full",
+                     repeats=repeats)
     print(bench.render(rows, "table"), flush=True)
     return rows
 
@@ -147,6 +174,26 @@ def _rl_check(backend, small):
                               if small else check.PUBLISHED_DIGESTS[0])
     doc["ok"] = doc["consistent"] and doc["digest"] == doc["expected_digest"]
     print(f"rl-check: {doc['logprob']['bitwise_equal']}/{doc['logprob']['tokens']} log-probs and "
+          f"{doc['value']['bitwise_equal']}/{doc['value']['tokens']} values equal, digest "
+          f"{'as expected' if doc['digest'] == doc['expected_digest'] else 'DIFFERENT'}", flush=True)
+    return doc
+
+
+def _hf_rl_check(backend, small):
+    """One RL step of spec §25.7 on a patched HF model (HF_MODEL) on the backend's device: rollout against trainer,
+    and its digest against spec §25.7's (the 12 default requests) or, with small, against numpy's on the CPU for
+    the first request."""
+    from ..models import hf_policy
+    from ..rl import check, default_requests
+    model = hf_policy.builtin(HF_MODEL)
+    requests = default_requests(0, vocab=model.vocab)
+    requests = requests[:1] if small else requests
+    doc = check.summary(*check.run_step(*check.models(backend, 0, model), requests))
+    doc["model"] = HF_MODEL
+    doc["expected_digest"] = (check.summary(*check.run_step(*check.models("numpy", 0, model), requests))["digest"]
+                              if small else PUBLISHED_HF_DIGEST)
+    doc["ok"] = doc["consistent"] and doc["digest"] == doc["expected_digest"]
+    print(f"rl-check --model {HF_MODEL}: {doc['logprob']['bitwise_equal']}/{doc['logprob']['tokens']} log-probs and "
           f"{doc['value']['bitwise_equal']}/{doc['value']['tokens']} values equal, digest "
           f"{'as expected' if doc['digest'] == doc['expected_digest'] else 'DIFFERENT'}", flush=True)
     return doc
@@ -209,11 +256,11 @@ def _markdown(name, backend, where, test_double, results):
     if verify["status"] == "ok":
         rows = verify["value"]
         bad = [r for r in rows if not r["match"]]
-        lines += [f"{len(rows) - len(bad)}/{len(rows)} cases match.", ""]
+        lines += [f"{len(rows) - len(bad)}/{len(rows)} digests match (forward cases and gradient tensors).", ""]
         if bad:
-            lines += ["| case | op | max ulp | first diff | error |", "| --- | --- | --- | --- | --- |"]
-            lines += [f"| {r['name']} | {r['op']} | {r['max_ulp']} | {r['first_diff']} | {r['error'] or ''} |"
-                      for r in bad]
+            lines += ["| case | op | tensor | max ulp | first diff | error |", "| --- | --- | --- | --- | --- | --- |"]
+            lines += [f"| {r['name']} | {r['op']} | {r['tensor'] or ''} | {r['max_ulp']} | {r['first_diff']} | "
+                      f"{r['error'] or ''} |" for r in bad]
             lines.append("")
     else:
         lines += ["Did not run: see the failed step below.", ""]
@@ -240,6 +287,13 @@ def _markdown(name, backend, where, test_double, results):
     if results["train"]["status"] == "ok":
         lines += ["## 5. Training (spec §29)", "", f"`{json.dumps(results['train']['value'])}`: "
                   f"{'equal' if results['train']['value']['ok'] else '**not equal**'}.", ""]
+    if results["hf_rl_check"]["status"] == "ok":
+        hf = results["hf_rl_check"]["value"]
+        lines += [f"## 6. RL step on a patched Hugging Face model (spec §25.7, `--model {hf['model']}`)", "",
+                  f"Rollout against trainer: {hf['logprob']['bitwise_equal']}/{hf['logprob']['tokens']} log-probs and "
+                  f"{hf['value']['bitwise_equal']}/{hf['value']['tokens']} values bitwise equal; digest "
+                  f"`{hf['digest']}`, expected `{hf['expected_digest']}`: {'equal' if hf['ok'] else '**not equal**'}.",
+                  ""]
     failed = [k for k, v in results.items() if v["status"] == "error"]
     for k in failed:
         lines += [f"## Step `{k}` failed", "", "```", results[k]["error"].rstrip(), "```", ""]
@@ -256,7 +310,8 @@ def exit_status(results):
     verify = results["verify"]
     if verify["status"] != "ok" or not all(r["match"] for r in verify["value"]):
         return 1
-    if any(results[k]["status"] == "ok" and not results[k]["value"]["ok"] for k in ("rl_check", "train")):
+    if any(results[k]["status"] == "ok" and not results[k]["value"]["ok"] for k in ("rl_check", "train",
+                                                                                   "hf_rl_check")):
         return 1
     return 2 if any(v["status"] != "ok" for v in results.values()) else 0
 
@@ -275,6 +330,7 @@ def run(args, has_device, missing_device):
     _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
     _step(results, "rl_check", lambda: _rl_check(args.backend, args.small))
     _step(results, "train", lambda: _train(args.backend, args.small))
+    _step(results, "hf_rl_check", lambda: _hf_rl_check(args.backend, args.small))
     where = _where(args.backend)
     status = exit_status(results)
     doc = {"name": args.name, "backend": args.backend, "where": where, "small": args.small, "tier": tier(args),

@@ -17,7 +17,7 @@ from tabulate import tabulate
 from ..backends import backends
 from ..spec import SPEC_VERSION
 from . import cases
-from .run import LOG_SPACE, TIMING, ULP_BIN_LABELS
+from .run import GRAD_BUDGET_S, GRAD_OPS, LOG_SPACE, TIMING, ULP_BIN_LABELS
 
 SCHEMA = "bitparity-run"
 SCHEMA_VERSION = 2
@@ -128,7 +128,7 @@ def document(run, command=None):
         "backends": list(run.backends),
         "skipped": [{"name": b, "reason": why} for b, why in run.skipped.items()],
         "subsets": [{"backend": b, "rule": rule} for b, rule in run.subsets.items()],
-        "timing": dict(TIMING),
+        "timing": dict(TIMING, gradient_budget_s=GRAD_BUDGET_S),
         "warnings": list(run.warnings),
         "ulp_bins": list(ULP_BIN_LABELS),
         "cases": run.cases,
@@ -172,6 +172,13 @@ def notes(doc):
             [f"- times: each op on its timing case, per backend {t['warmup']} warm-up call, then runs until "
              f"{t['budget_s']:g} s of them and at least {t['min_runs']} (at most {t['repeats']}), the backends' runs "
              f"interleaved; median ms is their median, IQR % their interquartile range over it"] +
+            ([f"- gradient ops (<op>.backward, the training steps): `max ulp vs f64` is in spec 26.12's measure "
+              f"(ulps of its floor; relative for sum, exp, masked_mean, kl_penalty, ppo_policy_loss) or, for the "
+              f"model blocks, the embedding, GradientFold and the training steps, spec 29.14's (units of 2^-24 "
+              f"times the tensor's largest magnitude), bfloat16 gradients at bfloat16's resolution; times are the "
+              f"backward alone against torch autograd (the steps: the whole case against torch.optim), runs until "
+              f"{t['gradient_budget_s']:g} s"] if "gradient_budget_s" in t and any(
+                  r["op"] in GRAD_OPS for r in doc["results"]) else []) +
             [f"- WARNING: {w}" for w in doc["warnings"]])
 
 

@@ -9,8 +9,9 @@ For each op x backend it reports:
   same device; the backends' runs interleave (timing.measure_interleaved), so a change of load hits them alike.
 The gradient cases (compare/grad_cases.py: "<op>.backward" and the training steps) are rows of their own: their
 max ulp is against the float64 backward meanings (reference/float64.py) in spec 26.12's measure (the softmax family
-and the RL losses: ulps of a per-row floor; kl_penalty, ppo_policy_loss, exp and the training steps: relative) or
-spec 29.14's (the model blocks, the embedding and GradientFold: units U = 2^-24 of the tensor's largest magnitude);
+and the RL losses: ulps of a per-row floor; sum, exp, masked_mean, kl_penalty, ppo_policy_loss: relative) or
+spec 29.14's (the model blocks, the embedding, GradientFold and the training steps: units U = 2^-24 of the tensor's
+largest magnitude); a bfloat16 gradient at bfloat16's resolution;
 their time is the backward alone, on a graph built once (the training steps: the whole case), against torch autograd
 (torch.optim, torch's clip_grad_norm_) on the same device.
 For each case it records the output digest (golden.digest) of every backend that ran it, the unit `bitparity diff`
@@ -51,10 +52,14 @@ INTERPRETER_MAX_ELEMENTS = 8192
 INTERPRETER_THINNED, INTERPRETER_STRIDE = ("filter_logits", "sample"), 3
 INTERPRETER_RULE = (f"Triton interpreter: the forward cases whose largest input holds at most "
                     f"{INTERPRETER_MAX_ELEMENTS} elements, of {' and '.join(INTERPRETER_THINNED)} one in "
-                    f"{INTERPRETER_STRIDE}; of the gradient cases, the first quick case of each op; not timed")
+                    f"{INTERPRETER_STRIDE}; of the gradient cases, the first quick case of each op but "
+                    f"{', '.join(grad_cases.INTERPRETER_SKIPS)}; not timed")
 # Per op and backend: one warm-up call, then runs until 0.1 s of them and at least 3 (at most 100): a hundred runs
 # of a 1 ms call, five of a 20 ms one, three of the host emulation's sample (0.6 s); about 20 CPU-seconds in all.
 TIMING = {"warmup": 1, "min_runs": 3, "repeats": 100, "budget_s": 0.1}
+# The gradient ops' timing cases are about a millisecond each (their backward alone, on small shapes): half the
+# forward's budget still gives tens of runs, and keeps the 23 of them within compare's minute.
+GRAD_BUDGET_S = 0.05
 
 # Upper edges of the ulp-error histogram bins after the exact-zero bin; then (1024, inf) and inf.
 ULP_EDGES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 1024.0)
@@ -352,7 +357,8 @@ def interpreted(backend):
 def interpreter_subset(suite):
     """The names of the suite's cases the Triton interpreter runs (INTERPRETER_RULE)."""
     gradient = [c for c in suite if isinstance(c, grad_cases.GradCase)]
-    names = {grad_cases.interpreter_case(op).name for op in dict.fromkeys(c.op for c in gradient)}
+    picked = (grad_cases.interpreter_case(op) for op in dict.fromkeys(c.op for c in gradient))
+    names = {c.name for c in picked if c is not None}
     suite = [c for c in suite if not isinstance(c, grad_cases.GradCase)]
     small = [c for c in suite if max(math.prod(shape) for shape in c.shapes.values()) <= INTERPRETER_MAX_ELEMENTS]
     position = Counter()                    # of the case among its op's small cases
@@ -440,7 +446,7 @@ def _time_grad_op(case, names, results):
     for dev in dict.fromkeys(cases.backend_device(b) for b in names):
         group = [b for b in names if b != "native" and cases.backend_device(b) == dev]
         calls = {b: case.prepare(b, inputs) for b in ("native", *group)}
-        timings = measure_interleaved(calls, dev, **TIMING)
+        timings = measure_interleaved(calls, dev, **dict(TIMING, budget_s=GRAD_BUDGET_S))
         if "native" in names and cases.backend_device("native") == dev:
             group.append("native")
         for b in group:

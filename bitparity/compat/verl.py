@@ -56,10 +56,9 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=Non
                         ("loss_scale_factor", loss_scale_factor)):
         if value is not None:                                  # checked even where the mode does not use it
             positive(name, value)
-    tensor("loss_mat", loss_mat)
+    ops._check_float_tensor("loss_mat", loss_mat, 1)
     mask = check_mask("loss_mask", loss_mask)
     with caller_names(x="loss_mat", mask="loss_mask"):
-        ops._check_float_tensor("loss_mat", loss_mat, 1)
         ops._check_mask(mask, loss_mat)
     if loss_agg_mode.startswith("token-"):
         if loss_agg_mode == "token-mean" and batch_num_tokens is None:

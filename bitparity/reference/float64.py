@@ -549,7 +549,7 @@ def adamw_steps(weight, grads, lr, betas, eps, weight_decay):
     with np.errstate(over="ignore", invalid="ignore"):
         for t, g in enumerate(grads, 1):
             g = g.astype(F64)
-            w = w * (1.0 - lr * weight_decay)
+            w = w * (1.0 - lr * weight_decay) if weight_decay else w                    # torch skips a zero decay
             m, v = b1 * m + (1.0 - b1) * g, b2 * v + (1.0 - b2) * g * g
             w = w - lr / (1.0 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1.0 - b2 ** t) + eps)
     return w, m, v
@@ -560,7 +560,7 @@ def sgd_steps(weight, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, 
     w, buf = weight.astype(F64), None
     with np.errstate(over="ignore", invalid="ignore"):
         for g in grads:
-            g = g.astype(F64) + weight_decay * w
+            g = g.astype(F64) + weight_decay * w if weight_decay else g.astype(F64)      # torch skips a zero decay
             if momentum:
                 buf = g if buf is None else momentum * buf + (1.0 - dampening) * g
                 g = g + momentum * buf if nesterov else buf

@@ -50,9 +50,11 @@ def _config_doc(config):
     return describe(config) if isinstance(config, HFModel) else asdict(config)
 
 
-def run_step(policy, reference, requests, max_batch=MAX_BATCH, layout=TrainerLayout(), settings=RLSettings()):
-    """(Rollout, StepResult) of one RL step."""
-    done = rollout(policy, requests, max_batch=max_batch, temperature=settings.temperature)
+def run_step(policy, reference, requests, max_batch=MAX_BATCH, layout=TrainerLayout(), settings=RLSettings(),
+             engine=rollout):
+    """(Rollout, StepResult) of one RL step; engine: the rollout function (bitparity.rl.rollout's, or
+    bitparity.vllm.rollout's for `--rollout vllm`)."""
+    done = engine(policy, requests, max_batch=max_batch, temperature=settings.temperature)
     return done, rl_step(policy, reference, done, layout, settings)
 
 
@@ -89,15 +91,15 @@ def native_sweep(seed, requests, config=None):
     return rows
 
 
-def check(backend, seed, native=False, correction=None, model=None):
+def check(backend, seed, native=False, correction=None, model=None, engine=rollout):
     """The rl-check document: the default step on `backend` (with spec §25.6's digest for the seed, where it
     publishes one), and with native=True the same step on the native backend and its sweep; with correction
     (rollout_correction's keyword arguments) each step's mismatch metrics (spec 27.2). `model`: None for
     TinyMoEPolicy (spec §25), or an HFModel (a patched HF model; §25.6's digest applies to `tiny` only).
-    Returns (document, {backend name: (Rollout, StepResult)})."""
+    engine: the step's rollout function (run_step). Returns (document, {backend name: (Rollout, StepResult)})."""
     config = model or ModelConfig()
     requests = default_requests(seed, vocab=config.vocab)
-    runs = {backend: run_step(*models(backend, seed, config), requests)}
+    runs = {backend: run_step(*models(backend, seed, config), requests, engine=engine)}
     doc = {"backend": backend, "seed": seed, **({} if model is None else {"model": model.name}),
            "config": _config_doc(config), "max_batch": MAX_BATCH,
            "trainer_layout": asdict(TrainerLayout()), "settings": asdict(RLSettings()),

@@ -5,7 +5,8 @@ vLLM's `Attention` layer (`vllm.model_executor.layers.attention.Attention`, give
 keys and values at `slot_mapping`) and then `forward` (attend). Both are ours, so the layout is ours:
 
     cache [num_blocks, Hkv, block_size, 2 * head_dim]   (vLLM allocates it, one per layer, in the model dtype)
-    token at slot s = block * block_size + offset:  cache[block, :, offset, :D] = key,  cache[block, :, offset, D:] = value
+    the token at slot s = block * block_size + offset:
+        cache[block, :, offset, :D] = its key,  cache[block, :, offset, D:] = its value
 
 Each request's keys are read back by its block table, positions 0 ... seq_len - 1 in order, so a request sees
 exactly the keys of its own tokens whatever shares its step, whether they were written in this step (a prefill
@@ -33,9 +34,8 @@ class PagedMetadata:
     """One step's attention plan, shared by every layer: `prefills` [(first query row, query count, seq_len,
     slots)] for requests with several queries; for the one-query requests `decode_rows` (their query rows),
     `decode_slots` [R, Tk] (each row's key slots, padded with its slot 0) and `decode_mask` bool [R, 1, 1, Tk]
-    (True at its seq_len keys); `num_actual_tokens`; `seq_lens` [num_reqs] (the keys each request has after
-    this step: the position of the token it samples)."""
-    num_actual_tokens: int
+    (True at its seq_len keys); `seq_lens` [num_reqs] (the keys each request has after this step: the position
+    of the token it samples)."""
     seq_lens: torch.Tensor
     prefills: list
     decode_rows: torch.Tensor
@@ -81,8 +81,8 @@ class PagedMetadataBuilder(AttentionMetadataBuilder[PagedMetadata]):
                                     for _, s in decodes]) if decodes else torch.zeros(0, 0, dtype=torch.int64)
         lengths = torch.tensor([len(s) for _, s in decodes], dtype=torch.int64)
         mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, None, :]
-        return PagedMetadata(num_actual_tokens=m.num_actual_tokens, seq_lens=seq_lens.to(torch.int64),
-                             prefills=prefills, decode_rows=torch.tensor([row for row, _ in decodes], dtype=torch.int64),
+        rows = torch.tensor([row for row, _ in decodes], dtype=torch.int64)
+        return PagedMetadata(seq_lens=seq_lens.to(torch.int64), prefills=prefills, decode_rows=rows,
                              decode_slots=decode_slots, decode_mask=mask)
 
 
@@ -112,7 +112,7 @@ class PagedImpl(AttentionImpl):
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         """key, value [T, Hkv, D] -> cache[slot // block_size, :, slot % block_size] = key | value, for the
         tokens with a slot (negative slots are padding: skipped)."""
-        block_size, d = kv_cache.shape[2], self.head_size
+        block_size = kv_cache.shape[2]
         slots = slot_mapping[:key.shape[0]].to(torch.int64)
         keep = slots >= 0
         blocks, offsets = slots[keep] // block_size, slots[keep] % block_size
@@ -154,7 +154,6 @@ class PagedBackend(AttentionBackend):
     """vLLM's attention-backend interface for PagedImpl; registered as AttentionBackendEnum.CUSTOM by the
     plugin (vLLM's layer records the backend by that name)."""
 
-    accept_output_buffer = True
     forward_includes_kv_cache_update = False
     supported_dtypes = [torch.float32, torch.bfloat16, torch.float16]
     supported_kv_cache_dtypes = ["auto"]

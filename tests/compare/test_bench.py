@@ -129,3 +129,15 @@ def test_make_call_builds_model_inputs_on_the_device():
     args, _ = bench.make_call("moe", (4, 8, 8, 6, 2), "cpu")
     assert [tuple(a.shape) for a in args[:5]] == [(4, 8), (8, 8), (8, 6, 8), (8, 6, 8), (8, 8, 6)] and args[5] == 2
     assert bench.default_shapes("linear", "full") == bench.SHAPES["full"]["linear"]
+
+
+def test_bench_times_the_backward_against_torch_autograd():
+    """A gradient op's row: the backward alone on a graph built once (the steps: their case), native being torch
+    autograd through torch's op (torch.optim); bytes are the inputs and upstream read, the gradients written."""
+    rows = bench.run(["cpu"], ["rms_norm.backward", "SGD.step"], shapes={"rms_norm.backward": [(8, 256)]},
+                     repeats=3, warmup=1, progress=False)
+    _check_rows(rows, ("rms_norm.backward", "SGD.step"), ("cpu",),
+                {"rms_norm.backward": (8, 256), "SGD.step": (1000,)})
+    # rms_norm: x [8, 256], weight [256] and the upstream [8, 256] read; dx and dweight written
+    assert rows[0]["bytes"] == rows[1]["bytes"] == 4 * (3 * 8 * 256 + 2 * 256)
+    assert rows[2]["bytes"] > 0 and {r["where"] for r in rows} == {"torch", "CPU"}

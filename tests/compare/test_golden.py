@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from bitparity import SPEC_VERSION, cli
-from bitparity.compare import cases, golden, metrics
+from bitparity.backends import resolve
+from bitparity.compare import cases, golden, grad_cases, metrics
+
+# SHA-256 of json.dumps([[name, digest], ...]) over the forward rows of spec 1.6.0's golden file (commit 2d5c219,
+# bitparity/golden/spec-v1.6.0.json, carried unchanged into spec-v1.7.0.json by 8c42143): spec 1.7.0 adds gradient
+# digests and changes no forward bit.
+FORWARD_DIGESTS_1_6_0 = "9eca0bed9abc67d6938723fd5e1f69aac51423f5e850e16c473cf7e28afe49a3"
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +41,27 @@ def test_digest_is_sha256_of_little_endian_canonical_bits():
 def test_golden_file_describes_this_suite(committed):
     assert committed["spec_version"] == SPEC_VERSION and committed["suite_version"] == cases.SUITE_VERSION
     assert committed["tier"] == "full"           # the full tier holds the quick cases too: verify --full needs it
-    full = cases.suite("full")
+    full = cases.suite("full") + grad_cases.suite("full")
     assert [(c["name"], c["op"], c["tier"], c["shapes"]) for c in committed["cases"]] == \
         [(c.name, c.op, c.tier, c.shapes) for c in full]
+    gradient = {c.name: c.tensors for c in grad_cases.suite("full")}
+    for row in committed["cases"]:               # a digest per forward case, one per tensor of a gradient case
+        assert ("digest" in row) != (row["name"] in gradient)
+        assert row["name"] not in gradient or tuple(row["tensors"]) == gradient[row["name"]]
+
+
+def test_the_forward_digests_are_spec_1_6_0s(committed):
+    rows = [[c["name"], c["digest"]] for c in committed["cases"] if "digest" in c]
+    assert len(rows) == len(cases.suite("full"))
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest() == FORWARD_DIGESTS_1_6_0
 
 
 def test_golden_file_is_not_stale(committed):
     """The quick tier recomputed on the cpu backend gives the committed digests: a change to an op's
     bits or to a case's inputs without `python -m bitparity.compare.golden --write` fails here."""
     fresh = golden.compute("quick", progress=False)["cases"]
-    want = {c["name"]: c["digest"] for c in committed["cases"]}
-    stale = [c["name"] for c in fresh if want[c["name"]] != c["digest"]]
+    want = {c["name"]: c.get("digest", c.get("tensors")) for c in committed["cases"]}
+    stale = [c["name"] for c in fresh if want[c["name"]] != c.get("digest", c.get("tensors"))]
     assert not stale, f"{len(stale)} stale golden digests, e.g. {stale[:3]}"
 
 
@@ -56,9 +72,14 @@ def test_verify_quick_tier_matches_every_case(backend, capsys):
     # checked against numpy in tests/backends/test_bit_identity.py: the whole tier would cost CI minutes.
     assert cli.main(["verify", "--backend", backend, "--quick"]) == 0
     out = capsys.readouterr()
-    n = len(cases.suite("quick"))
-    assert f"{backend}: {n}/{n} quick cases match" in out.out and "MISMATCH" not in out.out
-    assert f"verify quick on {backend} [" in out.err and f"{n}/{n}" in out.err      # the progress bar
+    gradient = grad_cases.suite("quick")
+    n = len(cases.suite("quick")) + sum(len(c.tensors) for c in gradient)       # forward cases, gradient tensors
+    assert f"{backend}: {n}/{n} quick digests (forward cases and gradient tensors) match" in out.out
+    assert "MISMATCH" not in out.out
+    cells = [[c.strip() for c in line.split("|")[1:4]] for line in out.out.splitlines() if line.startswith("| ")]
+    assert ["linear.backward/bias/3x1100x17", "dbias", "match"] in cells
+    cases_run = len(cases.suite("quick")) + len(gradient)
+    assert f"verify quick on {backend} [" in out.err and f"{cases_run}/{cases_run}" in out.err      # the progress
 
 
 def test_verify_reports_a_corrupted_digest(committed, tmp_path, capsys):
@@ -71,8 +92,53 @@ def test_verify_reports_a_corrupted_digest(committed, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     mismatches = [r for r in report["cases"] if not r["match"]]
     # The backend equals the local canonical result, so the file is the one that differs.
-    assert mismatches == [{"name": victim["name"], "op": "log_softmax", "match": False, "max_ulp": 0.0,
-                           "first_diff": None, "error": None}]
+    assert mismatches == [{"name": victim["name"], "op": "log_softmax", "tensor": None, "match": False,
+                           "max_ulp": 0.0, "first_diff": None, "error": None}]
+
+
+def test_verify_names_the_gradient_tensor_whose_digest_differs(committed, tmp_path, capsys):
+    bad = json.loads(json.dumps(committed))
+    victim = next(c for c in bad["cases"] if c["name"] == "moe.backward/random/6x16x8x12x2")
+    victim["tensors"]["dup_proj"] = "0" * 64
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps(bad))
+    rows = golden.verify("cpu", "quick", golden.load(path), progress=False, names={victim["name"]})
+    assert [(r["tensor"], r["match"]) for r in rows] == [
+        ("dx", True), ("drouter_weight", True), ("dgate_proj", True), ("dup_proj", False), ("ddown_proj", True)]
+    # The backend equals the local canonical result, so the file is the one that differs.
+    assert rows[3]["max_ulp"] == 0.0 and rows[3]["first_diff"] is None
+
+
+def _reversed_fold(real):
+    """weight_grad with its row fold's order reversed: row i's contribution goes to row R - 1 - i's place."""
+    def weight_grad(x, g, positions, rows):
+        return real(x.flip(0).contiguous(), g.flip(0).contiguous(), positions, rows)
+    return weight_grad
+
+
+@pytest.mark.parametrize("backend", ("cpu", "ascend"))
+def test_a_wrong_backward_fails_verify_naming_its_op_and_tensor(backend, committed, monkeypatch, capsys):
+    """Acceptance (issue 26): a backend's parameter-gradient fold (ascend: its host emulation here), reversed, is
+    caught by the gradient goldens, which name linear's dweight (and only it: dx and dbias are other computations),
+    with its max ulp against the local canonical result (cpu's, or numpy's when cpu is the one verified) and the
+    first differing index."""
+    module = resolve(backend, torch.device("cpu"))
+    monkeypatch.setattr(module, "weight_grad", _reversed_fold(module.weight_grad))
+    picked = grad_cases.suite("quick", ["linear.backward"])
+    monkeypatch.setattr(cases, "suite", lambda tier: [])
+    monkeypatch.setattr(grad_cases, "suite", lambda tier: picked)
+    assert cli.main(["verify", "--backend", backend, "--quick", "--format", "json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["cases"]
+    wrong = [r for r in rows if not r["match"]]
+    assert wrong and {(r["op"], r["tensor"]) for r in wrong} == {("linear.backward", "dweight")}
+    assert all(r["max_ulp"] > 0 and isinstance(r["first_diff"], int) and r["error"] is None for r in wrong)
+    assert all(r["match"] for r in rows if r["tensor"] != "dweight")
+    assert cli.main(["verify", "--backend", backend, "--quick"]) == 1
+    table = capsys.readouterr().out
+    assert f"{backend}: {len(rows) - len(wrong)}/{len(rows)} quick digests" in table
+    cells = [[c.strip() for c in line.split("|")[1:6]] for line in table.splitlines() if "MISMATCH" in line]
+    assert sorted((name, tensor, float(ulp), int(first)) for name, tensor, _, ulp, first in cells) == sorted(
+        (r["name"], "dweight", float(f"{r['max_ulp']:.3g}"), r["first_diff"]) for r in wrong)
 
 
 def test_verify_native_mismatches_with_max_ulp_and_first_index(capsys):
@@ -129,6 +195,7 @@ def test_the_golden_file_ships_in_the_wheel(tmp_path):
 def test_verify_records_a_case_that_raises_and_goes_on(committed, monkeypatch):
     picked = [c for c in cases.suite("quick", ["exp", "log"])]
     monkeypatch.setattr(cases, "suite", lambda tier: picked)
+    monkeypatch.setattr(grad_cases, "suite", lambda tier: [])
     real_exp = cases.ops.exp
 
     def broken_exp(*args, backend, **kwargs):

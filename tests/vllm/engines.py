@@ -57,9 +57,8 @@ def engine(path, kind, dtype, *, plugin=True, logprobs_mode="raw_logprobs", **se
     from vllm import LLM
     options = dict(dtype=dtype, enforce_eager=True, max_model_len=256, max_num_seqs=4,
                    max_num_batched_tokens=MAX_BATCHED_TOKENS, block_size=32, enable_prefix_caching=True,
-                   generation_config="vllm", skip_tokenizer_init=True, seed=0, logprobs_mode=logprobs_mode)
-    if "num_gpu_blocks_override" not in settings:
-        options["kv_cache_memory_bytes"] = 64 << 20
+                   generation_config="vllm", skip_tokenizer_init=True, seed=0, logprobs_mode=logprobs_mode,
+                   kv_cache_memory_bytes=64 << 20)      # without it vLLM's CPU worker wants 92% of the memory free
     if plugin:
         options["hf_overrides"] = {"architectures": [PLUGIN_NAMES[kind]]}
     options.update(settings)

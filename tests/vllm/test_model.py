@@ -8,13 +8,16 @@ parametrized)."""
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
 
-from .engines import (MAX_BATCHED_TOKENS, PLUGIN_NAMES, assert_trainer_bits, close, engine, generate,  # noqa: E402
-                      model_class, reference, save_checkpoint, use_test_environment)
+from bitparity import hf, ops  # noqa: E402
+
+from .engines import (MAX_BATCHED_TOKENS, PLUGIN_NAMES, assert_trainer_bits, bits, close, engine,  # noqa: E402
+                      generate, model_class, reference, save_checkpoint)
 
 CASES = [("qwen3", "float32"), ("qwen3", "bfloat16"), ("qwen3_moe", "float32"), ("qwen3_moe", "bfloat16"),
          ("llama", "float32"), ("llama", "bfloat16")]
@@ -41,7 +44,6 @@ assert max(len(p) for p, _ in REQUESTS) > MAX_BATCHED_TOKENS
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def case(request, tmp_path_factory):
     kind, dtype = request.param
-    use_test_environment(tmp_path_factory.mktemp("vllm-cache"))
     path = save_checkpoint(kind, tmp_path_factory.mktemp(kind))
     llm = engine(path, kind, dtype, logprobs_mode=f"{KIND[dtype]}_logprobs")
     yield kind, llm, reference(path, kind, dtype), KIND[dtype]
@@ -70,3 +72,23 @@ def test_prefix_cache_hit_gives_the_trainer_bits(case):
     results = generate(llm, again)
     assert [cached for _, _, cached in results] == [128, 96]
     assert_trainer_bits(model, again, results, logprobs)
+
+
+def test_prompt_logprobs_and_top_logprobs_are_the_canonical_rows(case):
+    """Prompt log-probs (the prompt prefilled in chunks) are hf.sequence_logprobs'; each generated step's top 3
+    are bitparity.topk of the log_softmax row of the patched model's logits (a greedy request: the raw row under
+    either logprobs_mode), with vLLM's ranks 1, 2, 3."""
+    _, llm, model, _ = case
+    prompt = REQUESTS[2][0]
+    params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=3, prompt_logprobs=0)
+    out = llm.generate([{"prompt_token_ids": list(prompt)}], [params], use_tqdm=False)[0]
+    tokens = list(out.outputs[0].token_ids)
+    reported = torch.tensor([step[t].logprob for step, t in zip(out.prompt_logprobs[1:], prompt[1:])])
+    with torch.no_grad():
+        expected = hf.sequence_logprobs(model, torch.tensor([prompt]))[0]
+        rows = ops.log_softmax(model(input_ids=torch.tensor([list(prompt) + tokens])).logits[0, len(prompt) - 1:-1])
+    assert torch.equal(bits(reported), bits(expected))
+    top, top_ids = ops.topk(rows, 3)
+    for j, step in enumerate(out.outputs[0].logprobs):
+        assert [(i, step[i].logprob, step[i].rank) for i in top_ids[j].tolist()] == [
+            (i, v, r) for r, (i, v) in enumerate(zip(top_ids[j].tolist(), top[j].tolist()), start=1)]

@@ -1,5 +1,5 @@
 """The plugin under vLLM's preemption and an RL weight sync: one Qwen3-MoE engine in bfloat16 whose KV cache
-has only 10 blocks of 32 tokens, so that four running requests of up to 150 tokens cannot all keep their
+has only 10 blocks of 32 tokens, so that four running requests of up to 124 tokens cannot all keep their
 blocks and vLLM preempts some (frees their blocks and later recomputes them from position 0); every request
 still gets the trainer's tokens and log-probs. Then new weights are loaded into the running engine through
 the model's load_weights by HF's in-memory names (the fused expert tensors) and the prefix cache is reset:
@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 from vllm import SamplingParams  # noqa: E402
 
 from .engines import (assert_trainer_bits, close, engine, generate, model_class, reference,  # noqa: E402
-                      save_checkpoint, use_test_environment)
+                      save_checkpoint)
 
 KIND, DTYPE = "qwen3_moe", "bfloat16"
 
@@ -23,7 +23,7 @@ def _requests():
     rng = np.random.Generator(np.random.PCG64(11))
     kinds = [dict(temperature=0.0), dict(temperature=0.8, seed=5), dict(temperature=1.0, top_k=30, top_p=0.8, seed=9)]
     return [(tuple(int(t) for t in rng.integers(0, 512, int(rng.integers(30, 61)))),
-             SamplingParams(max_tokens=90, logprobs=0, **kinds[i % 3])) for i in range(6)]
+             SamplingParams(max_tokens=64, logprobs=0, **kinds[i % 3])) for i in range(6)]
 
 
 REQUESTS = _requests()
@@ -31,7 +31,6 @@ REQUESTS = _requests()
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    use_test_environment(tmp_path_factory.mktemp("vllm-cache"))
     path = save_checkpoint(KIND, tmp_path_factory.mktemp("old"))
     new_path = save_checkpoint(KIND, tmp_path_factory.mktemp("new"), seed=1)
     llm = engine(path, KIND, DTYPE, logprobs_mode="processed_logprobs", num_gpu_blocks_override=10,
@@ -50,13 +49,15 @@ def test_preempted_requests_give_the_trainer_bits(setup):
     before = _preemptions(llm)
     results = generate(llm, REQUESTS)
     assert _preemptions(llm) > before, "the engine preempted no request: the test would not test preemption"
-    assert [len(tokens) for tokens, _, _ in results] == [90] * len(REQUESTS)
+    assert [len(tokens) for tokens, _, _ in results] == [64] * len(REQUESTS)
     assert_trainer_bits(model, REQUESTS, results, "processed")
 
 
 def test_weight_sync_gives_the_new_weights_bits(setup):
     llm, old_model, new_model = setup
-    requests = REQUESTS[:3]
+    requests = [(prompt, params.clone()) for prompt, params in REQUESTS[:3]]
+    for _, params in requests:
+        params.max_tokens = 12
     old = generate(llm, requests)
     weights = [(name, p.detach().clone()) for name, p in new_model.named_parameters()]
     assert any(name.endswith("experts.gate_up_proj") for name, _ in weights)
