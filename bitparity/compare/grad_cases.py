@@ -63,7 +63,8 @@ GRAD_BF16 = {"linear": ("random", (5, 63, 33)), "rms_norm": ("random", (8, 64)),
 GRAD_EMBEDDING = {"quick": [("random", (12, 50, 16)), ("repeated", (33, 7, 8))], "full": []}
 TRAIN_N = {"quick": 1000, "full": 1 << 20}
 CLIP_SHAPES = {"quick": ((40, 25), (300,), (7, 3, 5)), "full": ((1024, 1024), (4096,), (64, 8, 128))}
-FOLD_SHAPE = {"quick": (18, 40, 8, 4), "full": (1000, 256, 64, 64)}       # rows, K, N, micro-batch rows
+# rows, K, N, micro-batch rows: micro-batches hold whole 32-row linear gradient blocks (spec 29.2, 2.0.0)
+FOLD_SHAPE = {"quick": (72, 40, 8, 32), "full": (1000, 256, 64, 64)}
 
 
 @dataclass(frozen=True)
