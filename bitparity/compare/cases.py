@@ -538,7 +538,8 @@ def _rows_of_kind(kind, rows, n, seed):
 
 def _linear_inputs(rng, kind, shape, seed):
     """x of the kind; weight [N, K] with row 0 non-negative, so that x's all -0.0 rows (signed_zero) give an
-    all -0.0 product row, which must stay -0.0; specials add a half -0.0 row and a subnormal weight."""
+    all -0.0 product row, whose exact zero is +0.0 (spec 24.1, 2.0.0); specials add a half -0.0 row and a subnormal
+    weight."""
     m, k, n = shape
     x = _rows_of_kind(kind, m, k, seed)
     weight = _normal(rng, (n, k), 1.0 / np.sqrt(k))
