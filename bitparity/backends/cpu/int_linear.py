@@ -20,8 +20,9 @@ from ... import spec
 # |d d'| <= 2^14 for int8 digits, so up to 131071 products sum exactly in int32 in any order, saturating or
 # wrapping; longer rows are cut into chunks whose int32 sums linear.c adds in 128 bits.
 CHUNK_K = 131071
-# Rows of x per pass, so the [20 pairs, rows, n] int32 partials stay near this many bytes.
-PARTIAL_BYTES = 64 << 20
+# Rows of x per pass, so the [20 pairs, rows, n] int32 partials stay near this many bytes (but never so few that a
+# pass's GEMM falls below INT_MM_MIN_ROWS: at n = 32768 a 64 MiB pass held 25 rows, which ran 5x slower in C).
+PARTIAL_BYTES = 256 << 20
 _OFFSET = (spec.LINEAR_BX - 2) + (spec.LINEAR_BW - 2)
 
 
@@ -138,7 +139,7 @@ def linear(lib, x, weight, bias, threads):
         return out
     w_digits, ew, w_finite = WEIGHTS.quantised(lib, weight, threads)
     w_slices = w_digits.reshape(W_SLICES * n, k)
-    rows = max(1, PARTIAL_BYTES // (4 * X_SLICES * W_SLICES * n))
+    rows = max(-(-INT_MM_MIN_ROWS // X_SLICES), PARTIAL_BYTES // (4 * X_SLICES * W_SLICES * n))
     for start in range(0, m, rows):
         xs = x[start:start + rows]
         mb = xs.shape[0]
