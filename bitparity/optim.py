@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from . import ops, spec
+from . import ops, row_fold, spec
 from .backends import resolve as _resolve
 from .reference.canonical import sqrt32
 
@@ -314,8 +314,7 @@ class GradientFold:
     gradient is exact over blocks of that many rows, spec 29.2), the last possibly shorter; `add` refuses any
     other layout, before it changes anything. Parameters must be float32: a bf16 parameter's .grad is rounded
     to bf16 by each micro-batch's backward, so no fold of them is one backward's bits.
-    A binary counter: two partials of the same size are added (left + right) as soon as both exist, so at
-    most log2(micro-batches) partials per parameter are held."""
+    The partials are combined by row_fold.Counter, so at most log2(micro-batches) per parameter are held."""
 
     def __init__(self, params):
         self.params = _params(params, "params")
@@ -324,7 +323,7 @@ class GradientFold:
                 raise TypeError(f"GradientFold: params[{i}] has dtype {p.dtype}; each micro-batch's backward rounds "
                                 f"its .grad to that dtype, so folding them cannot give one backward's bits: keep "
                                 f"float32 master parameters")
-        self._stack = []                                  # [(level, [grad or None per parameter])]
+        self._counter = row_fold.Counter(lambda left, right: [row_fold.plus(a, b) for a, b in zip(left, right)])
         self._rows = []                                   # the rows of each micro-batch added since finish()
 
     def add(self, rows):
@@ -355,29 +354,15 @@ class GradientFold:
         for p in self.params:
             p.grad = None
         self._rows.append(rows)
-        level = 0
-        while self._stack and self._stack[-1][0] == level:
-            _, left = self._stack.pop()
-            grads, level = [_plus(a, b) for a, b in zip(left, grads)], level + 1
-        self._stack.append((level, grads))
+        self._counter.push(grads)                        # [grad or None per parameter]
 
     def finish(self):
-        if not self._stack:
+        if self._counter.empty():
             raise ValueError("GradientFold.finish: no micro-batch was added")
-        _, folded = self._stack.pop()
-        while self._stack:                               # right to left: the -0.0 padding of spec 29.1
-            _, left = self._stack.pop()
-            folded = [_plus(a, b) for a, b in zip(left, folded)]
+        folded = self._counter.result()
         self._rows = []
         for p, g in zip(self.params, folded):
             p.grad = g
-
-
-def _plus(left, right):
-    """left + right, one binary32 add per element; a missing gradient is the row fold's -0.0 (an identity)."""
-    if left is None or right is None:
-        return right if left is None else left
-    return left + right
 
 
 __all__ = ["AdamW", "SGD", "clip_grad_norm_", "GradientFold"]
