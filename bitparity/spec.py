@@ -8,7 +8,7 @@ patterns: the bits are the definition, the decimal in the comment is a label.
 
 import struct
 
-SPEC_VERSION = "2.0.0"
+SPEC_VERSION = "2.1.0"
 
 # -- Reduction structure (spec section 3) ------------------------------------
 LANES = 1024          # L: lane j of a segment sums x[j], x[j+L], ... in sequence

@@ -1,5 +1,5 @@
 // Generated from bitparity/spec.py by bitparity/backends/ascend/spec_header.py: do not edit.
-// SPEC_VERSION 2.0.0.  Float constants are IEEE-754 binary32 bit patterns;
+// SPEC_VERSION 2.1.0.  Float constants are IEEE-754 binary32 bit patterns;
 // the kernels turn them into floats with FloatFromBits (canonical.h).
 #ifndef BITPARITY_SPEC_CONSTANTS_H
 #define BITPARITY_SPEC_CONSTANTS_H
