@@ -1,0 +1,4 @@
+"""Model parallelism with the bits of one process (spec 31): tensor-parallel linear, vocab-parallel log-probs
+and sampling, expert-parallel MoE, and the sharding of a patched Hugging Face model, over torch.distributed
+process groups. Only exact data crosses the network: integers, maxima and whole binary32 values gathered in rank
+order; no float addition happens inside a collective."""
