@@ -33,9 +33,15 @@ from .backends import resolve as _resolve
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.bool, torch.int64, torch.int32)
 
 
+def _name(op):
+    """The public name of op in messages: distributed's own ops by their name, another module's by its qualified
+    name ("parallel.moe" -> bitparity.parallel.moe), so spec 31's modules reuse these checks."""
+    return f"bitparity.{op}" if "." in op else f"bitparity.distributed.{op}"
+
+
 def _group_size(op, group):
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(f"bitparity.distributed.{op}: torch.distributed is not initialised; call "
+        raise ValueError(f"{_name(op)}: torch.distributed is not initialised; call "
                          f"torch.distributed.init_process_group first")
     return dist.get_world_size(group), dist.get_rank(group)
 
@@ -44,7 +50,7 @@ def _collective(op, what, call):
     try:
         return call()
     except (RuntimeError, dist.DistError) as error:
-        raise RuntimeError(f"bitparity.distributed.{op}: the {what} failed across the group (a rank died or "
+        raise RuntimeError(f"{_name(op)}: the {what} failed across the group (a rank died or "
                            f"the group's timeout passed): {error}") from error
 
 
@@ -67,7 +73,7 @@ def _exchange(op, group, world, description):
 def _check_tensor(op, name, rank, described, dtypes):
     """The same error on every rank for an argument that is not a dense tensor with data of one of dtypes."""
     kind, dtype, _, device, layout = described
-    where = f"bitparity.distributed.{op}: {name} on rank {rank}"
+    where = f"{_name(op)}: {name} on rank {rank}"
     if kind != "Tensor":
         raise TypeError(f"{where} must be a torch.Tensor; got {kind}")
     if layout != str(torch.strided):
@@ -82,7 +88,7 @@ def _check_agreement(op, what, table, key):
     """The same ValueError on every rank naming the first rank whose key(entry) differs from rank 0's."""
     for rank, entry in enumerate(table[1:], 1):
         if key(entry) != key(table[0]):
-            raise ValueError(f"bitparity.distributed.{op}: {what} must be the same on every rank; rank 0 has "
+            raise ValueError(f"{_name(op)}: {what} must be the same on every rank; rank 0 has "
                              f"{key(table[0])}, rank {rank} has {key(entry)}")
 
 
@@ -95,7 +101,7 @@ def _check_layouts(op, names, options, table):
         for name, d in zip(names, described):
             _check_tensor(op, name, rank, d, _DTYPES)
             if not d[2]:
-                raise ValueError(f"bitparity.distributed.{op}: {name} on rank {rank} must have at least one "
+                raise ValueError(f"{_name(op)}: {name} on rank {rank} must have at least one "
                                  f"dimension (rows); got a 0-d tensor")
     for index, name in enumerate(names):
         _check_agreement(op, f"{name}'s dtype, trailing shape and device type", table,
@@ -103,7 +109,7 @@ def _check_layouts(op, names, options, table):
     for rank, (described, _) in enumerate(table):
         rows = [d[2][0] for d in described]
         if len(set(rows)) != 1:
-            raise ValueError(f"bitparity.distributed.{op}: {', '.join(names)} must have the same number of rows on "
+            raise ValueError(f"{_name(op)}: {', '.join(names)} must have the same number of rows on "
                              f"rank {rank}; got {rows}")
     for option in options:
         _check_agreement(op, option, table, lambda entry: entry[1][option])
@@ -216,7 +222,7 @@ def _check_parameters(table):
     op = "fold_gradients"
     for rank, entries in enumerate(table):
         if isinstance(entries, str):
-            raise TypeError(f"bitparity.distributed.{op}: params on rank {rank} must be a tensor or an iterable of "
+            raise TypeError(f"{_name(op)}: params on rank {rank} must be a tensor or an iterable of "
                             f"tensors; got {entries}")
     _check_agreement(op, "the number of parameters in params", table, len)
     for rank, entries in enumerate(table):
@@ -225,11 +231,11 @@ def _check_parameters(table):
             if grad is not None:
                 _check_tensor(op, f"params[{i}].grad", rank, grad, ops._FLOAT_DTYPES)
                 if grad[2] != param[2]:
-                    raise ValueError(f"bitparity.distributed.{op}: params[{i}].grad on rank {rank} must have the "
+                    raise ValueError(f"{_name(op)}: params[{i}].grad on rank {rank} must have the "
                                      f"parameter's shape {param[2]}; got {grad[2]}")
         devices = sorted({device for _, _, device in entries})
         if len(devices) > 1:
-            raise ValueError(f"bitparity.distributed.{op}: params on rank {rank} must all be on one device (the "
+            raise ValueError(f"{_name(op)}: params on rank {rank} must all be on one device (the "
                              f"flat gradient buffer's); got {', '.join(devices)}")
     for i in range(len(table[0])):
         _check_agreement(op, f"params[{i}]'s dtype, shape and device type", table,
