@@ -2,3 +2,5 @@
 and sampling, expert-parallel MoE, and the sharding of a patched Hugging Face model, over torch.distributed
 process groups. Only exact data crosses the network: integers, maxima and whole binary32 values gathered in rank
 order; no float addition happens inside a collective."""
+
+from .linear import column_parallel_linear, row_parallel_linear, shard_range  # noqa: F401

@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 from ... import spec
-from .. import linear_grad
+from .. import linear_grad, linear_limbs
 from .._build import build_shared_library, find_compiler
 from . import int_linear as _linear
+from . import linear_partial as _linear_partial
 
 NAME = "cpu"
 
@@ -324,6 +325,10 @@ class Build:
         work = _linear.X_SLICES * _linear.W_SLICES * x.shape[0] * x.shape[1] * weight.shape[0]
         return _linear.linear(self._lib, x, weight, bias, _threads(work))
 
+    def linear_exact(self, x, weight):
+        work = _linear.X_SLICES * _linear.W_SLICES * x.shape[0] * x.shape[1] * weight.shape[0]
+        return linear_limbs.from_planes(_linear_partial.digit_planes(self._lib, x, weight, _threads(work)), 8)
+
     def rms_norm(self, x, weight, eps):
         out = torch.empty_like(x)
         rows, d = x.shape
@@ -560,6 +565,11 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
 
 def linear(x, weight, bias):
     return build().linear(x, weight, bias)
+
+
+def linear_exact(x, weight):
+    """Spec 31.1's exact integer of linear as int64 [2, M, N] (hi, lo), S = hi 2^30 + lo (backends/linear_limbs.py)."""
+    return build().linear_exact(x, weight)
 
 
 def rms_norm(x, weight, eps):

@@ -8,6 +8,7 @@ the array); the `cpu` backend computes the same bits in compiled C.
 import numpy as np
 import torch
 
+from ... import spec
 from ...reference import canonical
 
 NAME = "numpy"
@@ -127,6 +128,15 @@ def sample(x, scale, top_k, top_p, min_p, greedy, seeds, positions):
 @_quiet
 def linear(x, weight, bias):
     return _torch(canonical.linear(_np(x), _np(weight), _np(bias)))
+
+
+def linear_exact(x, weight):
+    """Spec 31.1's exact integer S[m, n] = sum_k Qx[m, k] Qw[n, k] of linear (spec 24.1), each row quantised against
+    its own largest exponent, as int64 [2, M, N]: S = hi 2^30 + lo, 0 <= lo < 2^30 (backends/linear_limbs.py);
+    rows holding NaN or inf contribute 0. Nothing is rounded."""
+    qx, _, _ = canonical.quantise_rows(_np(x), spec.LINEAR_BX)
+    qw, _, _ = canonical.quantise_rows(_np(weight), spec.LINEAR_BW)
+    return torch.from_numpy(np.stack(canonical.exact_products(qx, qw)))
 
 
 @_quiet
