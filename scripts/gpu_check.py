@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The prepared GPU check (issues 7, 26): golden digests (forward and gradient), platform probe, benchmark
-(forward and backward), the RL step, three training steps and an RL step on a patched Hugging Face model, on the
-`cuda` backend.
+"""The prepared GPU check (issues 7, 26, 24): golden digests (forward and gradient), platform probe, benchmark
+(forward and backward), spec 2.0.0's linear against torch's bf16 and float32 matmul, the RL step, three training
+steps and an RL step on a patched Hugging Face model, on the `cuda` backend.
 
 On a machine with an NVIDIA GPU, torch with CUDA and triton (estimated under 8 minutes on an H200, within the
 15-minute device budget with the machine's start; not yet run on a GPU, so that is an estimate, whose basis

@@ -57,8 +57,16 @@ def test_gpu_check_interpret_small_runs_end_to_end(tmp_path):
     assert "exit status 0" in proc.stdout
     doc = json.loads((tmp_path / "gpu-check.json").read_text())
     # The interpreter verifies one case of each gradient op but the stated skips (compare's subset).
-    _check_document(doc, (tmp_path / "gpu-check.md").read_text(), "Triton interpreter", "Triton interpreter (CPU)",
+    md = (tmp_path / "gpu-check.md").read_text()
+    _check_document(doc, md, "Triton interpreter", "Triton interpreter (CPU)",
                     set(grad_cases.GRAD_OPS) - set(grad_cases.INTERPRETER_SKIPS))
+    # Issue 24's linear benchmark: the interpreter against torch's CPU matmul, labelled as a test double.
+    linear = doc["steps"]["linear"]["value"]
+    assert {(r["pass"], r["impl"], r["where"]) for r in linear} == {
+        (p, i, "Triton interpreter (CPU)" if i == "bitparity" else "torch") for p in ("forward", "forward+backward")
+        for i in ("bitparity", "torch bf16", "torch float32")}
+    assert all(r["device"] == "cpu" and r["clock"] == "perf_counter" for r in linear)
+    assert "## 3.1. linear against torch's matmul (issue 24)" in md and "it says nothing about a GPU" in md
 
 
 @NO_NPU
@@ -67,6 +75,7 @@ def test_npu_check_emulation_small_runs_end_to_end(tmp_path):
     doc = json.loads((tmp_path / "npu-check.json").read_text())
     _check_document(doc, (tmp_path / "npu-check.md").read_text(), "host emulation", "host emulation (CPU)",
                     grad_cases.GRAD_OPS)
+    assert "linear" not in doc["steps"]                  # issue 24's benchmark is the GPU run's (LINEAR_BENCH_BACKENDS)
 
 
 def _gpu_check():

@@ -10,6 +10,9 @@ in order:
 2. probe: the platform assumptions of the spec, on the backend's device (compare/probe.py);
 3. bench: every op against torch's native op and the device's copy bandwidth (compare/bench.py),
    with the issue's targets checked;
+3.1. linear (the `cuda` backend only, issue 24): spec 2.0.0's linear against torch's bf16 and float32 (TF32 off)
+   matmul, forward and forward + backward, in TFLOP/s-equivalent, at 4096³ and two lm_head shapes
+   (compare/linear_bench.py; with --small one tiny shape);
 4. rl_check: one RL step of spec §25 on the device (rl/check.py): rollout against trainer bit for bit, and
    the digest against spec §25.6's (with --small: the first 3 requests, against numpy's on the CPU);
 5. train: spec §29 on the device: the 3-step weights digest of `rl-check --steps 3` against spec §29.13's
@@ -59,6 +62,8 @@ SMALL_GRAD_BENCH = ("log_softmax.backward", "linear.backward", "AdamW.step")
 # Spec §25.7's seed-0 step digest of `rl-check --model qwen3_moe` (numpy, cpu and ascend alike).
 HF_MODEL = "qwen3_moe"
 PUBLISHED_HF_DIGEST = "cf2cdc99c91151b4e41ca8b40781ab37c092307be82457f839bf138dc9ebfcf7"
+# The backends whose run times linear against torch's matmul (step 3.1): issue 24 asks it of the GPU run.
+LINEAR_BENCH_BACKENDS = ("cuda",)
 MEMORY_BOUND = ("logsumexp", "log_softmax", "softmax", "entropy", "token_logprobs", "gae")
 TARGET_COPY_FRACTION = 0.8        # memory-bound ops: at least 80% of the measured copy bandwidth
 TARGET_NATIVE_RATIO = 1.0         # log_softmax and token_logprobs: no slower than torch's op
@@ -159,6 +164,13 @@ def _bench(backend, small, repeats):
     rows = bench.run([backend], bench_ops(small), shapes=bench_shapes(small), tier="quick" if small else "full",
                      repeats=repeats)
     print(bench.render(rows, "table"), flush=True)
+    return rows
+
+
+def _linear(backend, small, repeats):
+    from . import linear_bench
+    rows = linear_bench.run(backend, small, repeats)
+    print(linear_bench.render(rows, "simple"), flush=True)
     return rows
 
 
@@ -277,6 +289,16 @@ def _markdown(name, backend, where, test_double, results):
         lines += ["| target | measured | met |", "| --- | --- | --- |"]
         lines += [f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in targets(rows)]
         lines.append("")
+    if results.get("linear", {}).get("status") == "ok":
+        from . import linear_bench
+        lines += ["## 3.1. linear against torch's matmul (issue 24)", "",
+                  "Spec 2.0.0's `linear` on the backend against torch's `F.linear` on the same device, in bf16 and in "
+                  "float32 with TF32 off; TFLOP/s-equivalent is 2·M·N·K per forward (3× that for forward + backward) "
+                  "over the median time (compare/linear_bench.py).", ""]
+        if test_double:
+            lines += ["This run timed a test double on the CPU (and torch's CPU matmul): it says nothing about a "
+                      "GPU.", ""]
+        lines += [linear_bench.render(results["linear"]["value"], "github"), ""]
     if results["rl_check"]["status"] == "ok":
         rl = results["rl_check"]["value"]
         lines += ["## 4. RL step (spec §25)", "",
@@ -328,6 +350,8 @@ def run(args, has_device, missing_device):
     _step(results, "probe", lambda: _probe(args.backend))
     repeats = args.repeats or (3 if args.small else 20)
     _step(results, "bench", lambda: _bench(args.backend, args.small, repeats))
+    if args.backend in LINEAR_BENCH_BACKENDS:
+        _step(results, "linear", lambda: _linear(args.backend, args.small, repeats))
     _step(results, "rl_check", lambda: _rl_check(args.backend, args.small))
     _step(results, "train", lambda: _train(args.backend, args.small))
     _step(results, "hf_rl_check", lambda: _hf_rl_check(args.backend, args.small))
