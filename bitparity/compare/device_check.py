@@ -292,9 +292,9 @@ def _markdown(name, backend, where, test_double, results):
     if results.get("linear", {}).get("status") == "ok":
         from . import linear_bench
         lines += ["## 3.1. linear against torch's matmul (issue 24)", "",
-                  "Spec 2.0.0's `linear` on the backend against torch's `F.linear` on the same device, in bf16 and in "
-                  "float32 with TF32 off; TFLOP/s-equivalent is 2·M·N·K per forward (3× that for forward + backward) "
-                  "over the median time (compare/linear_bench.py).", ""]
+                  "Spec 2.0.0's `linear` on the backend against torch's `F.linear` on the same device, in bf16 and "
+                  "in float32 with TF32 off; TFLOP/s-equivalent is 2·M·N·K per forward (3× that for forward + "
+                  "backward) over the median time (compare/linear_bench.py).", ""]
         if test_double:
             lines += ["This run timed a test double on the CPU (and torch's CPU matmul): it says nothing about a "
                       "GPU.", ""]
