@@ -25,7 +25,7 @@ from tests.parallel.world import outcome
 M, K, N = 37, 24, 8
 K_SPLITS = {1: [24], 2: [10, 14], 4: [3, 9, 1, 11]}       # uneven row-parallel shards of K
 BACKENDS = ("numpy", "cpu")
-SMALL_BACKENDS = ()  # cuda, ascend: next commit                  # one small case each, at 2 ranks
+SMALL_BACKENDS = ("cuda", "ascend")                      # one small case each, at 2 ranks
 SMALL = (5, 8, 4)                                        # M, K, N of that case
 
 

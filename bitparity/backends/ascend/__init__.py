@@ -263,6 +263,16 @@ def linear(x, weight, bias):
     return host_emulation.linear(x, weight, bias)
 
 
+def linear_exact(x, weight):
+    """Spec 31.1's exact integer of linear as int64 [2, M, N] (hi, lo), S = hi 2^30 + lo (backends/linear_limbs.py):
+    the quantise and Cube kernels of kernels/linear.cpp without the rounding, in the host emulation."""
+    if _on_npu():
+        raise NotImplementedError("bitparity (ascend): the tensor-parallel linear's exact partial has no NPU binding "
+                                  "yet (npu/bitparity_npu.cpp would queue bp_linear_exact's three launches); it runs "
+                                  "in the host emulation only")
+    return host_emulation.linear_exact(x, weight)
+
+
 def rms_norm(x, weight, eps):
     if _on_npu():
         return npu_ops.op("rms_norm")(x, weight, eps)

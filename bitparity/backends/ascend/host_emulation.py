@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ... import spec
+from .. import linear_limbs
 from .._build import build_shared_library, find_compiler
 
 HERE = Path(__file__).resolve().parent
@@ -80,6 +81,8 @@ _SIGNATURES = {
     "bp_sample": [_U32, _P, _P, _P, _P, _P, _P, _P, _P, _P, _U32, _U32],  # ... greedy, seeds, positions, tokens
     "bp_linear": [_U32, *[_P] * 9, _U32, _U32, _U32, _U32],             # blocks, x, weight, bias, y, digitsX,
                                                                          # digitsW, metaX, metaW, t, m, k, n, hasBias
+    "bp_linear_exact": [_U32, *[_P] * 7, _U32, _U32, _U32],              # blocks, x, weight, digitsX, digitsW,
+                                                                         # metaX, metaW, t, m, k, n
     "bp_rms_norm": [_U32, _P, _P, _P, _U32, _U32, _F32],                 # blocks, x, weight, y, rows, cols, eps
     "bp_rotary": [_U32, _P, _P, _P, _P, _U32, _U32],                     # blocks, x, cos, sin, y, rows, cols
     "bp_attention": [_U32, _P, _P, _P, _P, _P, _U32, _U32, _U32, _U32, _U32, _F32],  # blocks, q, kT, v, kv_lengths,
@@ -330,6 +333,32 @@ def linear(x, weight, bias, blocks=None):
                              y.data_ptr(), digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(),
                              meta_w.data_ptr(), partials.data_ptr(), m, k, n, int(bias is not None)))
     return y
+
+
+def linear_exact(x, weight, blocks=None):
+    """x [M, K], weight [N, K] -> int64 [2, M, N]: the exact S of spec 24.1 as (hi, lo) limbs (spec 31.1), from
+    kernels/linear.cpp's quantise and Cube launches (bp_linear_exact, no rounding): the int32 partials of each
+    chunk of K and digit weight 256^s summed into int64 planes here, then carried (backends/linear_limbs.py)."""
+    lib = library()
+    m, k = x.shape
+    n = weight.shape[0]
+    m_pad, n_pad, k_pad = -(-m // 16) * 16, -(-n // 16) * 16, -(-k // 32) * 32
+    chunks = -(-k_pad // LINEAR_CHUNK_K)
+    diagonals = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1
+    if max(m_pad, n_pad) * k_pad * LINEAR_DIGITS_X >= 2**32 or chunks * diagonals * m_pad * n_pad >= 2**32:
+        raise ValueError(f"the Ascend C linear takes operands of fewer than 2**32 digits; got x {m} x {k}, weight "
+                         f"{n} x {k}")
+    digits_x = torch.empty(LINEAR_DIGITS_X * m_pad * k_pad, dtype=torch.int8)
+    digits_w = torch.empty(LINEAR_DIGITS_W * n_pad * k_pad, dtype=torch.int8)
+    meta_x = torch.empty(m_pad, 8, dtype=torch.int32)
+    meta_w = torch.empty(n_pad, 8, dtype=torch.int32)
+    partials = torch.empty(chunks, diagonals, m_pad, n_pad, dtype=torch.int32)
+    tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * diagonals * chunks
+    check(lib, lib.bp_linear_exact(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(),
+                                   digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(), meta_w.data_ptr(),
+                                   partials.data_ptr(), m, k, n))
+    planes = partials.to(torch.int64).sum(dim=0)[:, :m, :n]
+    return linear_limbs.from_planes(planes, 8)
 
 
 def rms_norm(x, weight, eps, blocks=None):

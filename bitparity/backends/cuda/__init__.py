@@ -36,7 +36,7 @@ else:
     from .fold import fold_rows
     from .gae import gae
     from .kl import kl_penalty, kl_penalty_backward
-    from .linear import linear, weight_grad
+    from .linear import linear, linear_exact, weight_grad
     from .masked import masked_mean, masked_mean_backward, masked_whiten, masked_whiten_backward
     from .optim import adamw_step, sgd_step
     from .ppo import ppo_policy_loss, ppo_policy_loss_backward
@@ -52,7 +52,7 @@ else:
                "entropy", "token_logprobs", "exp", "log",
                "masked_mean", "masked_whiten", "kl_penalty", "gae", "ppo_policy_loss",
                "philox", "topk", "filter_logits", "sample",
-               "linear", "rms_norm", "rotary", "attention", "silu_mul",
+               "linear", "linear_exact", "rms_norm", "rotary", "attention", "silu_mul",
                "logsumexp_backward", "log_softmax_backward", "softmax_backward", "entropy_backward",
                "token_logprobs_backward", "masked_mean_backward", "masked_whiten_backward",
                "kl_penalty_backward", "ppo_policy_loss_backward",

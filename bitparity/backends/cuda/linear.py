@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ... import spec
-from .. import linear_grad
+from .. import linear_grad, linear_limbs
 from .canonical import halves, log2
 from .layout import launch, next_pow2
 
@@ -309,6 +309,21 @@ def linear(x, weight, bias):
            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=special_k)
     return out
 
+
+def linear_exact(x, weight):
+    """x f32[M, K], weight f32[N, K] -> int64 [2, M, N]: the exact S of spec 24.1 as (hi, lo) limbs (spec 31.1),
+    from quantise_rows_kernel and digit_gemm_kernel's int64 diagonal planes (the int8 tl.dot), carried by
+    backends/linear_limbs.py; no rounding."""
+    n_rows, n_in = x.shape
+    n_out = weight.shape[0]
+    dx, _, _ = quantise_rows(x, X_BITS)
+    dw, _, _ = quantise_rows(weight, W_BITS)
+    block_m, block_n, block_k = _tiles(n_rows, n_out, n_in)
+    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
+    planes = torch.empty((DIAGONALS, n_rows, n_out), dtype=torch.int64, device=x.device)
+    launch(digit_gemm_kernel, (*grid, DIAGONALS), dx, dw, planes, n_rows, n_out, n_in,
+           DX=X_DIGITS, DW=W_DIGITS, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=CHUNK_K)
+    return linear_limbs.from_planes(planes, 8)
 
 
 def weight_grad(x, g, positions, rows):

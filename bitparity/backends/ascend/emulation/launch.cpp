@@ -214,6 +214,23 @@ int bp_linear(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR bias, GM_ADDR 
     return status;
 }
 
+// The tensor-parallel linear's exact partial (spec 31.1): bp_linear's first three launches, without the
+// rounding; the host adds the int32 partials t [chunks, 8, mPad, nPad] into int64 planes and carries them.
+int bp_linear_exact(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR digitsX, GM_ADDR digitsW, GM_ADDR metaX,
+                    GM_ADDR metaW, GM_ADDR t, uint32_t m, uint32_t k, uint32_t n)
+{
+    const uint32_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
+    int status = bp_emulation::Launch(blocks, [&] { bitparity_linear_quantise(x, digitsX, metaX, m, k, mPad, kPad, 0); });
+    if (status == 0) {
+        status = bp_emulation::Launch(blocks,
+                                      [&] { bitparity_linear_quantise(weight, digitsW, metaW, n, k, nPad, kPad, 1); });
+    }
+    if (status == 0) {
+        status = bp_emulation::Launch(blocks, [&] { bitparity_linear_digits(digitsX, digitsW, t, mPad, nPad, kPad); });
+    }
+    return status;
+}
+
 int bp_rms_norm(uint32_t blocks, GM_ADDR x, GM_ADDR weight, GM_ADDR y, uint32_t rows, uint32_t cols, float eps)
 {
     return bp_emulation::Launch(blocks, [&] { bitparity_rms_norm(x, weight, y, rows, cols, eps); });
