@@ -344,11 +344,18 @@ def _rl_check(args):
     if args.world_size not in (1, 2, 4, 8):
         return _fail("rl-check", f"--world-size must be 1, 2, 4 or 8 (a power of two: spec 28.1's blocks); got "
                                  f"{args.world_size}")
-    if args.rollout_correction is not None and (args.steps > 1 or args.world_size > 1):
-        return _fail("rl-check", "--rollout-correction reports one step: use it without --steps and --world-size")
-    if args.world_size > 1 and (args.native or args.backend == "native"):
+    for option, size in (("--tp", args.tp), ("--ep", args.ep)):
+        if size not in (1, 2, 4, 8):
+            return _fail("rl-check", f"{option} must be 1, 2, 4 or 8; got {size}")
+    if (args.tp > 1 or args.ep > 1) and args.model is None and args.config is None:
+        return _fail("rl-check", "--tp and --ep shard a Hugging Face model (spec 31.5): give --model or --config")
+    spread = args.world_size > 1 or args.tp > 1 or args.ep > 1
+    if args.rollout_correction is not None and (args.steps > 1 or spread):
+        return _fail("rl-check", "--rollout-correction reports one step: use it without --steps, --world-size, --tp "
+                                 "and --ep")
+    if spread and (args.native or args.backend == "native"):
         return _fail("rl-check", "--native and --backend native compare one process's weights: use them without "
-                                 "--world-size")
+                                 "--world-size, --tp and --ep")
     why = args.rollout == "vllm" and _vllm_rollout_refusal(args)
     if why:
         return _fail("rl-check", why)
@@ -357,7 +364,7 @@ def _rl_check(args):
         args.hf_model, why = _hf_model(args)
         if why:
             return _fail("rl-check", why)
-    if args.steps > 1 or args.world_size > 1:
+    if args.steps > 1 or spread:
         return _rl_train(args)
     doc, _ = check.check(args.backend, args.seed, native=args.native, correction=args.rollout_correction,
                          model=args.hf_model, engine=_rollout_engine(args.rollout))
@@ -408,8 +415,9 @@ def _vllm_rollout_refusal(args):
     """Why `--rollout vllm` cannot run with these arguments (None: it can)."""
     if args.model is None and args.config is None:
         return "--rollout vllm runs a Hugging Face architecture in vLLM: give --model or --config"
-    if args.steps > 1 or args.world_size > 1 or args.native:
-        return "--rollout vllm checks one step on one process: use it without --steps, --world-size and --native"
+    if args.steps > 1 or args.world_size > 1 or args.tp > 1 or args.ep > 1 or args.native:
+        return ("--rollout vllm checks one step on one process: use it without --steps, --world-size, --tp, --ep and "
+                "--native")
     if args.backend == "native":
         return ("--rollout vllm compares vLLM's canonical rollout with a canonical trainer: --backend native is not "
                 "one")
@@ -435,13 +443,16 @@ def _rl_train(args):
 
     try:
         doc = check.train_check(args.backend, args.seed, args.steps, args.micro_batch, native=args.native,
-                                world_size=args.world_size, config=args.hf_model)
+                                world_size=args.world_size, config=args.hf_model, tp=args.tp, ep=args.ep)
     except RuntimeError as error:                # a rank failed or timed out: its message, no traceback
         print(f"bitparity rl-check: {error}", file=sys.stderr)
         return 1
     doc["spec_version"] = SPEC_VERSION
     u = doc["update"]
     ranks = f", data-parallel on {args.world_size} gloo ranks (127.0.0.1)" if args.world_size > 1 else ""
+    if args.tp > 1 or args.ep > 1:
+        ranks = (f", {args.world_size * args.tp * args.ep} gloo ranks (127.0.0.1): data-parallel {args.world_size} x "
+                 f"tensor-parallel {args.tp} x expert-parallel {args.ep} (spec 31.5)")
     print(f"bitparity rl-check: spec {SPEC_VERSION}, backend {args.backend}, seed {args.seed}, {args.steps} steps"
           f"{ranks}\n" + ("" if args.hf_model is None else _hf_about(args.hf_model) + "\n") +
           f"update: AdamW lr {u['lr']}, betas {tuple(u['betas'])}, eps {u['eps']}, weight decay {u['weight_decay']}; "
@@ -479,6 +490,11 @@ def _add_rl_check_parser(sub):
                    "weights digest (default 1: one step, no update)")
     p.add_argument("--world-size", type=int, default=1, help="run the updates data-parallel on this many gloo "
                    "processes on 127.0.0.1 (1, 2, 4 or 8; spec 28.1): the same weights digest as one process")
+    p.add_argument("--tp", type=int, default=1, help="shard the HF model (--model/--config) tensor-parallel over this "
+                   "many gloo processes (1, 2, 4 or 8; spec 31.5: heads, MLP columns, vocabulary): the same log-probs "
+                   "and weights digest as one process; composes with --world-size and --ep")
+    p.add_argument("--ep", type=int, default=1, help="place a Qwen3-MoE model's experts over this many gloo "
+                   "processes (1, 2, 4 or 8; spec 31.5): the same log-probs and weights digest as one process")
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch of the update, a power of "
                    "two (default 4); the weights do not depend on it")
     p.add_argument("--model", choices=MODELS, help="run the step on an unmodified Hugging Face model patched onto "
@@ -513,10 +529,12 @@ def _hf_model(args):
                               f"(give --config alone)")
         else:
             model = hf_policy.builtin(args.model)
-        training = args.steps > 1 or args.world_size > 1
+        training = args.steps > 1 or args.world_size > 1 or args.tp > 1 or args.ep > 1
         hf_policy.check_fits(model, [default_requests(args.seed + s, vocab=model.vocab) for s in range(args.steps)],
                              training)
         hf_policy.check_patchable(model, args.backend)
+        from .parallel.hf import check_shardable
+        check_shardable(model.hf_config(), args.tp, args.ep)
     except ImportError as error:
         return None, f"--model and --config need transformers (pip install transformers): {error}"
     except (ValueError, TypeError) as error:

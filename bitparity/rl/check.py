@@ -119,11 +119,13 @@ PUBLISHED_WEIGHTS_DIGESTS = {(0, 3): "e5f3e1315b56dd9f49dc50ad1c6a3f2967df6557d5
 
 
 def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, native=False, world_size=1,
-                config=None):
+                config=None, tp=1, ep=1):
     """The multi-step rl-check document: per step the rollout-vs-trainer agreement, the loss and the gradient
     norm, then the weights digest (spec 29.13); with native=True torch's own training for the same steps and
     how far its weights drift from the canonical run's. Step s samples default_requests(seed + s). With
-    world_size > 1 the updates run data-parallel on that many gloo ranks on 127.0.0.1 (spec 28.1). `config`
+    world_size > 1 the updates run data-parallel on that many gloo ranks on 127.0.0.1 (spec 28.1); with tp or ep
+    > 1 each of those is tp x ep ranks holding an HF model sharded by bitparity.parallel.shard_model (spec 31.5),
+    world_size x tp x ep processes in all. `config`
     (default: spec 25.1's) changes the model: a ModelConfig, or an HFModel (a patched HF model, its parameters
     in HF's named_parameters order, then the value head); then no digest is published."""
     published_config = config is None
@@ -141,12 +143,12 @@ def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, 
                          "weights_digest": weights_digest(policy)})
         return policy, rows
 
-    if world_size > 1:
-        rows, digest_ = _spawned_train(backend, seed, steps, micro_batch, world_size, config)
+    if world_size > 1 or tp > 1 or ep > 1:
+        rows, digest_ = _spawned_train(backend, seed, steps, micro_batch, world_size, config, tp, ep)
     else:
         policy, rows = run(backend)
         digest_ = weights_digest(policy)
-    doc = {"backend": backend, "seed": seed, "steps": steps, "world_size": world_size,
+    doc = {"backend": backend, "seed": seed, "steps": steps, "world_size": world_size, "tp": tp, "ep": ep,
            **({"model": config.name} if isinstance(config, HFModel) else {}), "config": _config_doc(config),
            "max_batch": MAX_BATCH, "update": asdict(update), "settings": asdict(RLSettings()), "per_step": rows,
            "weights_digest": digest_}
@@ -155,8 +157,8 @@ def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, 
     doc["matches_published"] = None if published is None else doc["weights_digest"] == published
     doc["consistent"] = all(r["consistent"] for r in rows)
     if native:
-        if world_size > 1:
-            raise ValueError("native=True compares one process's weights: use it with world_size 1")
+        if world_size > 1 or tp > 1 or ep > 1:
+            raise ValueError("native=True compares one process's weights: use it with world_size, tp and ep 1")
         native_policy, native_rows = run("native")
         drift = max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(policy.parameters(),
                                                                                      native_policy.parameters()))
@@ -184,13 +186,16 @@ def _combined(rows):
     return combined
 
 
-def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, results):
-    """One rank of a data-parallel train_check (spawned): the same rollouts on every rank, the update sharded."""
+def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, tp, ep, results):
+    """One rank of a data-parallel train_check (spawned): the same rollouts on every rank, the update sharded;
+    with tp or ep > 1 the HF model sharded over this rank's TP and EP groups (spec 31.5), the data-parallel
+    group being the ranks that hold the same shards."""
     import datetime
 
     import torch.distributed as dist
 
     from .. import optim
+    from ..parallel import hf as parallel_hf
     from .rollout import rollout
     from .train import ppo_update
 
@@ -198,7 +203,13 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, re
                             timeout=datetime.timedelta(seconds=120))
     try:
         update = UpdateSettings(micro_batch=micro_batch)
+        dp_group, tp_group, ep_group = parallel_hf.process_groups(tp, ep)
+        data_parallel = world // (tp * ep)
         policy, reference = models(backend, seed, config)
+        if tp > 1 or ep > 1:
+            for model in (policy, reference):
+                parallel_hf.shard_policy(model, tp_group=tp_group if tp > 1 else None,
+                                         ep_group=ep_group if ep > 1 else None)
         reference.requires_grad_(False)
         optimizer = optim.AdamW(policy.parameters(), lr=update.lr, betas=update.betas, eps=update.eps,
                                 weight_decay=update.weight_decay, backend=backend)
@@ -206,10 +217,11 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, re
         for step in range(steps):
             done = rollout(policy, default_requests(seed + step, vocab=config.vocab), max_batch=MAX_BATCH,
                            temperature=RLSettings().temperature)
-            result, norm = ppo_update(policy, reference, done, optimizer, update, group=dist.group.WORLD)
+            result, norm = ppo_update(policy, reference, done, optimizer, update,
+                                      group=dp_group if data_parallel > 1 else None)
             mine = None if result is None else summary(done, result) | {"requests": len(result.tokens)}
-            everyone = [None] * world
-            dist.all_gather_object(everyone, mine)
+            everyone = [None] * data_parallel
+            dist.all_gather_object(everyone, mine, group=dp_group)
             rows.append({"step": step, **_combined(everyone), "grad_norm": float(norm),
                          "weights_digest": weights_digest(policy)})
         if rank == 0:
@@ -220,19 +232,21 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, re
         dist.destroy_process_group()
 
 
-def _spawned_train(backend, seed, steps, micro_batch, world, config):
-    """(per-step rows, weights digest) of a data-parallel run on `world` gloo ranks over 127.0.0.1."""
+def _spawned_train(backend, seed, steps, micro_batch, data_parallel, config, tp, ep):
+    """(per-step rows, weights digest) of a run on data_parallel x tp x ep gloo ranks over 127.0.0.1."""
     import multiprocessing
     import queue
     import socket
 
+    world = data_parallel * tp * ep
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_rank_train, args=(r, world, port, backend, seed, steps, micro_batch, config, results),
-                         daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_rank_train, daemon=True,
+                         args=(r, world, port, backend, seed, steps, micro_batch, config, tp, ep, results))
+             for r in range(world)]
     for p in procs:
         p.start()
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import ops
+from ..parallel import hf as parallel_hf
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ class _Sequence:
 
 def _sample(model, logits, values, batch, seqs, requests, temperature, positions):
     seeds = torch.tensor([requests[r].seed for r in batch], dtype=torch.int64, device=model.device)
-    tokens, logprobs = ops.sample(logits, seeds, positions, temperature=temperature, logprobs="scaled",
-                                  backend=model.backend)
+    tokens, logprobs = parallel_hf.sample(model, logits, seeds, positions, temperature=temperature, logprobs="scaled",
+                                          backend=model.backend)
     for i, r in enumerate(batch):
         seqs[r].tokens.append(int(tokens[i]))
         seqs[r].logprobs.append(logprobs[i])

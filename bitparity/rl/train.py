@@ -14,6 +14,7 @@ import torch
 
 from .. import distributed, ops, optim
 from ..compare.metrics import canonical_bits
+from ..parallel import hf as parallel_hf
 from .rollout import Rollout, rollout
 from .trainer import RLSettings, _response_layout, rl_step
 
@@ -43,7 +44,8 @@ def _trainer_forward(policy, done, micro_batch, temperature, columns):
         tokens = _response_layout([sequences[r] for r in chunk], columns, 0, policy.device)
         lengths = torch.tensor([len(sequences[r]) for r in chunk], dtype=torch.int64, device=policy.device)
         logits, _, _, _ = policy.prefill(tokens, lengths)
-        scored = ops.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature, backend=policy.backend)
+        scored = parallel_hf.token_logprobs(policy, logits[:, :-1], tokens[:, 1:], temperature=temperature,
+                                            backend=policy.backend)
         first = [len(requests[r].prompt) - 1 for r in chunk]
         yield chunk, torch.cat([scored[i, f:f + len(done.tokens[r])] for i, (r, f) in enumerate(zip(chunk, first))])
 
@@ -130,17 +132,19 @@ def ppo_update(policy, reference, done, optimizer, update=UpdateSettings(), sett
             fold.finish()
         if group is not None:
             distributed.fold_gradients(params, group=group, backend=policy.backend)
-        norm = optim.clip_grad_norm_(params, update.max_grad_norm, backend=policy.backend)
+        norm = parallel_hf.clip_grad_norm_(params, update.max_grad_norm, backend=policy.backend)
     optimizer.step()
     optimizer.zero_grad()
     return result, norm
 
 
 def weights_digest(model):
-    """SHA-256 (hex) of every parameter's float32 bits, little-endian, in `parameters()` order (spec 29.13)."""
+    """SHA-256 (hex) of every parameter's float32 bits, little-endian, in `parameters()` order (spec 29.13); a
+    parameter sharded by bitparity.parallel.shard_model is gathered whole first (spec 31.5), so every rank of a
+    sharded model must call it."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(canonical_bits(p.detach()).cpu().numpy().astype("<i4").tobytes())
+        h.update(canonical_bits(parallel_hf.full(p)).cpu().numpy().astype("<i4").tobytes())
     return h.hexdigest()
 
 

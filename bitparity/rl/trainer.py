@@ -15,6 +15,7 @@ import torch
 
 from .. import distributed, ops
 from ..compare.metrics import canonical_bits
+from ..parallel import hf as parallel_hf
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def recompute(model, rollout, layout, temperature, width=None):
         tokens = _response_layout([sequences[r] for r in chunk], columns, 0, model.device)
         lengths = torch.tensor([len(sequences[r]) for r in chunk], dtype=torch.int64, device=model.device)
         logits, vals, _, _ = model.prefill(tokens, lengths)
-        scored = ops.token_logprobs(logits[:, :-1], tokens[:, 1:], temperature=temperature, backend=model.backend)
+        scored = parallel_hf.token_logprobs(model, logits[:, :-1], tokens[:, 1:], temperature=temperature,
+                                            backend=model.backend)
         for i, r in enumerate(chunk):
             first, count = len(requests[r].prompt) - 1, len(rollout.tokens[r])
             logp[r, :count] = scored[i, first:first + count]
