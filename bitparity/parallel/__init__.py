@@ -4,5 +4,4 @@ process groups. Only exact data crosses the network: integers, maxima and whole 
 order; no float addition happens inside a collective."""
 
 from .linear import column_parallel_linear, row_parallel_linear, shard_range  # noqa: F401
-
 from .moe import expert_range, moe  # noqa: F401
