@@ -5,7 +5,7 @@ autograd, computed here in the parent, on numpy and cpu (every case) and cuda (T
 
 The inputs are adversarial for a sharded sum: a row whose shards' partial sums cancel to a tiny result, rows
 whose largest exponent lies on one rank only, subnormal rows, all-zero shards and rows, NaN and inf in one rank's
-shard, 37 token rows (a whole gradient block of 32 and a short one) and uneven K shards. Negative control:
+shard, 37 token rows (a whole gradient block of 32 and a short one), uneven K shards, and bfloat16 inputs. Negative control:
 torch's float all_reduce of per-rank float partials differs between 1 and 2 ranks on the same inputs.
 """
 
@@ -62,7 +62,11 @@ def _adversarial(rows, red, cols, seed, specials):
 
 
 def _case(name):
-    """(x [rows..., K], weight [N, K], bias [N], g [rows..., N]) for row- and column-parallel."""
+    """(x [rows..., K], weight [N, K], bias [N], g [rows..., N]) for row- and column-parallel; "bf16" is the
+    adversarial case with x, weight and bias rounded to bfloat16 (upcast exactly inside)."""
+    if name == "bf16":
+        return {layout: (x.bfloat16(), w.bfloat16(), b.bfloat16(), g)
+                for layout, (x, w, b, g) in _case("adversarial").items()}
     m, k, n = SMALL if name == "small" else (M, K, N)
     specials = name == "specials"
     x, w = _adversarial(m, k, n, 1, specials)                        # row-parallel: the reduction is K
@@ -121,6 +125,7 @@ def _errors(rank, world):
     row, col = parallel.row_parallel_linear, parallel.column_parallel_linear
     out = {"row_k": outcome(lambda: row(x, torch.ones(2, 5) if last else w, backend="cpu")),
            "col_bias": outcome(lambda: col(x, w, torch.ones(3) if last else torch.ones(2), backend="cpu"))}
+    out["native"] = outcome(lambda: row(x, w, backend="native"))
     if world > 1:
         out["row_n"] = outcome(lambda: row(x, torch.ones(3, 4) if last else w, backend="cpu"))
         out["col_x"] = outcome(lambda: col(torch.ones(4, 4) if last else x, w, backend="cpu"))
@@ -134,6 +139,8 @@ def _tp_world(rank, world):
         for name in CASES:
             for layout, tensors in _case(name).items():
                 out[backend, name, layout] = _sharded(layout, rank, world, tensors, backend)
+    for layout, tensors in _case("bf16").items():
+        out["cpu", "bf16", layout] = _sharded(layout, rank, world, tensors, "cpu")
     if world == 2:
         for backend in SMALL_BACKENDS:
             for layout, tensors in _case("small").items():
@@ -174,6 +181,7 @@ def _expected(layout, rank, world, tensors, backend):
 def test_ranks_give_the_single_process_bits(tp):
     world, results = tp
     keys = [(b, c, l) for b in BACKENDS for c in CASES for l in ("row", "column")]
+    keys += [("cpu", "bf16", l) for l in ("row", "column")]
     keys += [(b, "small", l) for b in SMALL_BACKENDS for l in ("row", "column")] if world == 2 else []
     for backend, name, layout in keys:
         tensors = _case(name)[layout]
@@ -215,6 +223,8 @@ def test_a_shard_that_does_not_fit_gives_every_rank_the_same_error(tp):
                                 f"[N, K] with N >= 1 and K = x.shape[-1] = 4"),
         "col_bias": ("ValueError", f"bitparity.parallel.column_parallel_linear: bias on rank {last} must have "
                                    f"shape [2]"),
+        "native": ("ValueError", "bitparity.parallel.row_parallel_linear: backend 'native' has no exact integer "
+                                 "product"),
         "row_n": ("ValueError", f"weight.shape[0] must be the same on every rank; rank 0 has 2, rank {last} has 3"),
         "col_x": ("ValueError", f"x's shape must be the same on every rank; rank 0 has (3, 4), rank {last} has "
                                 f"(4, 4)"),
