@@ -1,8 +1,9 @@
-"""What only the cpu backend's linear (spec 24.1) has: the probe that decides whether torch._int_mm is exact on
-this CPU, the C fallback GEMM, rows longer than one int32 chunk, every ISA build, and the weight cache.
+"""What only the cpu backend's linear (spec 24.1) has: its three exact paths (linear.c's fused AVX-512 VNNI kernel
+where the CPU has VNNI, else torch._int_mm where a probe proves it exact, else the C int8 GEMM), the probe, rows
+longer than one int32 chunk, every ISA build, and the weight cache.
 
-Every result is compared bit for bit with the numpy reference. The fallback is forced by replacing the probe's
-answer, so it runs on this machine whatever oneDNN does here.
+Every result is compared bit for bit with the numpy reference. The two other paths are forced by replacing the
+VNNI check's and the probe's answers, so all three run on this machine.
 """
 
 import numpy as np
@@ -26,23 +27,41 @@ def _case(m, k, n, seed):
 
 
 # Short products go to the C GEMM whatever the probe says (int_linear.INT_MM_MIN_ROWS); 40 and 64 rows of x make
-# 200 and 320 rows of digit slices, which torch._int_mm multiplies where the probe passed.
-SHAPES = [(1, 1, 1), (1, 1, 7), (3, 2, 1), (5, 33, 9), (17, 300, 40), (2, 4100, 3), (40, 300, 40), (64, 1, 5)]
+# 200 and 320 rows of digit slices, which torch._int_mm multiplies where the probe passed. For the fused kernel:
+# k not a multiple of 4 (zero padding), n not a multiple of 16 (a partial panel), m not a multiple of 3 (the 1- and
+# 2-row tiles), and rows spanning several cache blocks (40 rows of k = 4100: blocks of 9).
+SHAPES = [(1, 1, 1), (1, 1, 7), (3, 2, 1), (5, 33, 9), (17, 300, 40), (2, 4100, 3), (40, 300, 40), (64, 1, 5),
+          (40, 4100, 17)]
+PATHS = ("fused", "int_mm", "fallback")
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-@pytest.mark.parametrize("m,k,n", SHAPES)
-def test_int_mm_and_the_fallback_give_the_reference_bits(monkeypatch, fallback, m, k, n):
-    if fallback:
+def _force(monkeypatch, path):
+    """Makes linear take `path`: the fused kernel needs VNNI (skipped without it); the others are forced off it."""
+    if path == "fused":
+        if not int_linear.vnni(cpu.build()._lib):
+            pytest.skip("this CPU has no AVX-512 VNNI: the fused kernel does not run here")
+        return
+    monkeypatch.setattr(int_linear, "vnni", lambda lib: False)
+    if path == "fallback":
         monkeypatch.setattr(int_linear, "int_mm_is_exact", lambda: False)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_each_path_gives_the_reference_bits(monkeypatch, path, m, k, n):
+    _force(monkeypatch, path)
     x, w = _case(m, k, n, [m, k, n])
     bias = torch.linspace(-1, 1, n)
     calls = []
     monkeypatch.setattr(int_linear, "_int_mm", lambda a, b, real=int_linear._int_mm: calls.append(1) or real(a, b))
+    fused = []
+    monkeypatch.setattr(int_linear, "fused_linear",
+                        lambda *a, real=int_linear.fused_linear: fused.append(1) or real(*a))
     for level in LEVELS:
         got = cpu.build(level).linear(x, w.clone(), bias)          # a fresh weight: no cached digits
         assert torch.equal(canonical_bits(got), canonical_bits(reference.linear(x, w, bias))), level
-    assert bool(calls) == (not fallback and int_linear.X_SLICES * m >= int_linear.INT_MM_MIN_ROWS)
+    assert bool(fused) == (path == "fused")
+    assert bool(calls) == (path == "int_mm" and int_linear.X_SLICES * m >= int_linear.INT_MM_MIN_ROWS)
 
 
 def test_the_probe_finds_int_mm_exact_here():
@@ -66,11 +85,11 @@ def test_the_probe_rejects_a_gemm_that_saturates(monkeypatch):
         int_linear.int_mm_is_exact.cache_clear()
 
 
-@pytest.mark.parametrize("fallback", [False, True])
-def test_rows_longer_than_one_int32_chunk(monkeypatch, fallback):
-    # K = CHUNK_K + 5 with every digit product at its largest: the int32 chunks are added in 128 bits.
-    if fallback:
-        monkeypatch.setattr(int_linear, "int_mm_is_exact", lambda: False)
+@pytest.mark.parametrize("path", PATHS)
+def test_rows_longer_than_one_int32_chunk(monkeypatch, path):
+    # K = CHUNK_K + 5 with every digit product at its largest: the int32 chunks are added in 128 bits (the fused
+    # kernel's chunks are 16384 terms: eight and a remainder here).
+    _force(monkeypatch, path)
     k = int_linear.CHUNK_K + 5
     top = np.float32(np.nextafter(np.float32(2), np.float32(0)))
     x = torch.full((2, k), float(top))

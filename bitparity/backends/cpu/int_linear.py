@@ -104,19 +104,21 @@ class WeightCache:
 
     def __init__(self, limit):
         self.limit = limit
-        self._entries = collections.OrderedDict()      # (address, shape) -> (bits copy, quantised)
+        self._entries = collections.OrderedDict()      # (address, shape, form) -> (bits copy, quantised)
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def quantised(self, lib, weight, threads):
-        key, size = (weight.data_ptr(), tuple(weight.shape)), 8 * weight.numel()
+    def quantised(self, lib, weight, threads, form=None):
+        """form(lib, weight, threads) of weight, cached (default: quantise's digits with Bw bits)."""
+        form = form or _weight_digits
+        key, size = (weight.data_ptr(), tuple(weight.shape), form), 8 * weight.numel()
         bits = weight.view(torch.int32)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and torch.equal(entry[0], bits):
                 self._entries.move_to_end(key)
                 return entry[1]
-        result = quantise(lib, weight, spec.LINEAR_BW, threads)
+        result = form(lib, weight, threads)
         if size <= self.limit:
             with self._lock:
                 old = self._entries.pop(key, None)
@@ -128,7 +130,57 @@ class WeightCache:
         return result
 
 
+def _weight_digits(lib, weight, threads):
+    return quantise(lib, weight, spec.LINEAR_BW, threads)
+
+
 WEIGHTS = WeightCache(1 << 30)
+
+
+@functools.cache
+def vnni(lib):
+    """Whether linear.c's fused AVX-512 VNNI kernel runs on this CPU (and the slices are its five and four)."""
+    return bool(lib.bp_linear_vnni()) and (X_SLICES, W_SLICES) == (5, 4)
+
+
+# The fused kernel's panels: 16 weight rows, k in quads (linear.c).
+PANEL_ROWS = 16
+# Rows of x whose packed digits (5 bytes per k) a work item keeps in cache while the weight's panels pass.
+BLOCK_BYTES = 192 << 10
+
+
+def pack_weight(lib, weight, threads):
+    """weight [N, K] -> (packed uint8 [ceil(N/16), KP/4, 4, 16, 4], exponent int32 [N], finite uint8 [N]) for
+    bp_linear_fused (linear.c), KP = K rounded up to a multiple of 4."""
+    n, k = weight.shape
+    kp = -(-k // 4) * 4
+    packed = torch.zeros((-(-n // PANEL_ROWS), kp // 4, W_SLICES, PANEL_ROWS, 4), dtype=torch.uint8)
+    exponent = torch.empty(n, dtype=torch.int32)
+    finite = torch.empty(n, dtype=torch.uint8)
+    lib.bp_linear_pack_w(weight.data_ptr(), n, k, kp, spec.LINEAR_BW, packed.data_ptr(), exponent.data_ptr(),
+                         finite.data_ptr(), threads)
+    return packed, exponent, finite
+
+
+def fused_linear(lib, x, weight, bias, threads):
+    """linear by linear.c's fused kernel: x's digits packed, the weight's panels (unsigned digits) from WEIGHTS,
+    and one call that forms and rounds each S in registers (no partials in memory)."""
+    (m, k), n = x.shape, weight.shape[0]
+    kp = -(-k // 4) * 4
+    packed_w, ew, w_finite = WEIGHTS.quantised(lib, weight, threads, pack_weight)
+    packed_x = torch.empty((m, X_SLICES, kp), dtype=torch.int8)
+    qsum = torch.empty(m, dtype=torch.int64)
+    ex = torch.empty(m, dtype=torch.int32)
+    x_finite = torch.empty(m, dtype=torch.uint8)
+    lib.bp_linear_pack_x(x.data_ptr(), m, k, kp, spec.LINEAR_BX, packed_x.data_ptr(), qsum.data_ptr(), ex.data_ptr(),
+                         x_finite.data_ptr(), threads)
+    out = torch.empty((m, n), dtype=torch.float32)
+    block_rows = max(3, BLOCK_BYTES // (X_SLICES * kp) // 3 * 3)
+    lib.bp_linear_fused(packed_x.data_ptr(), packed_w.data_ptr(), qsum.data_ptr(), m, n, k, kp, block_rows,
+                        spec.LINEAR_BW, ex.data_ptr(), ew.data_ptr(), x_finite.data_ptr(), w_finite.data_ptr(),
+                        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), _OFFSET,
+                        out.data_ptr(), threads)
+    return out
 
 
 def linear(lib, x, weight, bias, threads):
@@ -137,6 +189,8 @@ def linear(lib, x, weight, bias, threads):
     out = torch.empty((m, n), dtype=torch.float32)
     if m == 0 or n == 0:
         return out
+    if vnni(lib):
+        return fused_linear(lib, x, weight, bias, threads)
     w_digits, ew, w_finite = WEIGHTS.quantised(lib, weight, threads)
     w_slices = w_digits.reshape(W_SLICES * n, k)
     rows = max(-(-INT_MM_MIN_ROWS // X_SLICES), PARTIAL_BYTES // (4 * X_SLICES * W_SLICES * n))
@@ -189,6 +243,14 @@ def quantise_q(lib, v, bits, threads):
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
+    "bp_linear_vnni": ([], _INT),
+    # x, rows, k, kp, bits, packed, qsum, exponent, finite, threads
+    "bp_linear_pack_x": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _INT], None),
+    # w, n, k, kp, bits, packed, exponent, finite, threads
+    "bp_linear_pack_w": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _INT], None),
+    # xp, wp, qsum, m, n, k, kp, block_rows, bits_w, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
+    "bp_linear_fused": ([_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT],
+                        None),
     # v, rows, k, bits, slices, digits, exponent, finite, threads
     "bp_linear_quantise": ([_P, _I64, _I64, _INT, _INT, _P, _P, _P, _INT], None),
     # partials, chunks, m, n, k, sx, sw, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads

@@ -13,6 +13,8 @@
  *
  * Integer addition is associative, so neither the GEMM's order nor the thread split can change a bit. */
 
+#include <immintrin.h>
+
 #include "canonical.h"
 
 __extension__ typedef __int128 i128;
@@ -43,6 +45,20 @@ ALWAYS_INLINE int64_t quantised(float value, int bits, int e_row, int32_t finite
     return (u >> 31) ? -mag : mag;
 }
 
+/* A row's E (0 for an all-zero or non-finite row) and whether it is finite.  The magnitude patterns of finite
+ * values order as the values do, and NaN patterns lie above +inf's: the largest pattern gives E and tells whether
+ * the row is finite. */
+ALWAYS_INLINE int row_exponent(const float *row, int64_t k, int32_t *finite)
+{
+    uint32_t top = 0;
+    for (int64_t i = 0; i < k; i++) {
+        uint32_t a = bits_of(row[i]) & 0x7FFFFFFFu;
+        top = a > top ? a : top;
+    }
+    *finite = top < 0x7F800000u;
+    return (top == 0 || !*finite) ? 0 : exponent_of(top);               /* an all-zero row: E = 0, Q = 0 */
+}
+
 struct quantise_job {
     const float *v;
     int64_t rows, k;
@@ -59,15 +75,8 @@ static void quantise_span(const void *ctx, int64_t begin, int64_t end)
     const int64_t k = c->k, plane = c->rows * c->k;
     for (int64_t r = begin; r < end; r++) {
         const float *row = c->v + r * k;
-        /* The magnitude patterns of finite values order as the values do, and NaN patterns lie above +inf's: the
-         * largest pattern gives E and tells whether the row is finite. */
-        uint32_t top = 0;
-        for (int64_t i = 0; i < k; i++) {
-            uint32_t a = bits_of(row[i]) & 0x7FFFFFFFu;
-            top = a > top ? a : top;
-        }
-        int32_t finite = top < 0x7F800000u;
-        int e_row = (top == 0 || !finite) ? 0 : exponent_of(top);        /* an all-zero row: E = 0, Q = 0 */
+        int32_t finite;
+        int e_row = row_exponent(row, k, &finite);
         if (c->q) {
             int64_t *qrow = c->q + r * k;
             for (int64_t i = 0; i < k; i++)
@@ -236,6 +245,250 @@ void bp_linear_round_f64(const double *high, const double *low, int64_t m, int64
 {
     const struct round_f64_job c = {high, low, n, k, ex, ew, x_finite, w_finite, x, w, offset, out};
     bp_parallel_for(round_f64_span, &c, m, nthreads);
+}
+
+/* ---- The fused product on AVX-512 VNNI (int_linear.linear where bp_linear_vnni() holds) ----
+ *
+ * The same S without the 20 int32 partial planes in memory: one pass per 16 weight rows and 3 x rows computes all
+ * twenty slice products in registers, sums each digit weight's pairs, and rounds.
+ *
+ *   bp_linear_pack_x  x's rows as five balanced int8 digits, as bp_linear_quantise's, stored [rows][5][kp] with k
+ *                     padded to kp, a multiple of 4, by zeros, and each row's sum_k Q (int64);
+ *   bp_linear_pack_w  the weight's rows as U = Q + 2^(B-1) in [0, 2^B], four unsigned base-256 digits (B <= 31), in
+ *                     VNNI panels: [n/16][kp/4][4 slices][16 rows][4 k], padding zero;
+ *   bp_linear_fused   VPDPBUSD multiplies 4 unsigned weight digits by 4 signed x digits (broadcast from memory) and
+ *                     adds the 4 products to an int32 lane.  The pairs (i, j) with i + j = d go to one accumulator
+ *                     per digit weight d (8 of them): at most four pairs, each product in [-32640, 32385], so 16384
+ *                     k-terms stay within int32 (4 * 32640 * 16384 < 2^31) and the lane's wrap-around sum is the
+ *                     exact one; longer rows add their 16384-term chunks in int64.  Then
+ *                     S = sum_d T_d 2^(8d) - 2^(Bw-1) sum_k Qx, in 128 bits, rounded once by round_scaled.  Exact
+ *                     integers again: no bit differs from bp_linear_round's. */
+
+#define FUSED_SX 5                      /* x digits: |Qx| <= 2^38 */
+#define FUSED_SW 4                      /* weight digits: U < 2^32 */
+#define FUSED_D (FUSED_SX + FUSED_SW - 1)
+#define FUSED_COLS 16                   /* weight rows per panel: int32 lanes of a zmm */
+#define FUSED_ROWS 3                    /* x rows per register tile: 3 x 8 accumulators + 4 weight vectors */
+#define FUSED_CHUNK_Q 4096              /* k-quads per int32 chunk (16384 terms) */
+
+/* 1 if this CPU runs the fused kernel (AVX-512F with VNNI). */
+int bp_linear_vnni(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+}
+
+struct pack_job {
+    const float *v;
+    int64_t k, kp, n;
+    int bits;
+    void *packed;
+    int64_t *qsum;
+    int32_t *exponent;
+    uint8_t *finite;
+};
+
+static void pack_x_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct pack_job *c = ctx;
+    const int64_t k = c->k, kp = c->kp;
+    for (int64_t r = begin; r < end; r++) {
+        const float *row = c->v + r * k;
+        int32_t finite;
+        int e_row = row_exponent(row, k, &finite);
+        int8_t *d = (int8_t *)c->packed + r * FUSED_SX * kp;
+        int64_t sum = 0;
+        for (int64_t i = 0; i < k; i++) {
+            int64_t v = quantised(row[i], c->bits, e_row, finite);
+            sum += v;
+            for (int sl = 0; sl < FUSED_SX; sl++) {                     /* balanced base-256 digits */
+                int64_t digit = ((v + 128) & 255) - 128;
+                d[sl * kp + i] = (int8_t)digit;
+                v = (v - digit) >> 8;
+            }
+        }
+        for (int sl = 0; sl < FUSED_SX; sl++)
+            memset(d + sl * kp + k, 0, (size_t)(kp - k));
+        c->qsum[r] = sum;
+        c->exponent[r] = e_row;
+        c->finite[r] = (uint8_t)finite;
+    }
+}
+
+/* x [rows, k] -> packed int8 [rows][5][kp], qsum int64 [rows] = sum_k Q, exponent, finite; bits <= 39. */
+void bp_linear_pack_x(const float *x, int64_t rows, int64_t k, int64_t kp, int bits, int8_t *packed, int64_t *qsum,
+                      int32_t *exponent, uint8_t *finite, int nthreads)
+{
+    const struct pack_job c = {x, k, kp, rows, bits, packed, qsum, exponent, finite};
+    bp_parallel_for(pack_x_span, &c, rows, nthreads);
+}
+
+static void pack_w_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct pack_job *c = ctx;
+    const int64_t k = c->k, kq = c->kp / 4;
+    const int64_t offset = (int64_t)1 << (c->bits - 1);
+    for (int64_t r = begin; r < end; r++) {
+        const float *row = c->v + r * k;
+        int32_t finite;
+        int e_row = row_exponent(row, k, &finite);
+        uint8_t *panel = (uint8_t *)c->packed + (r / FUSED_COLS) * kq * FUSED_SW * FUSED_COLS * 4
+                         + (r % FUSED_COLS) * 4;
+        for (int64_t i = 0; i < k; i++) {
+            uint64_t u = (uint64_t)(quantised(row[i], c->bits, e_row, finite) + offset);
+            uint8_t *at = panel + (i / 4) * FUSED_SW * FUSED_COLS * 4 + i % 4;
+            for (int sl = 0; sl < FUSED_SW; sl++, u >>= 8)
+                at[sl * FUSED_COLS * 4] = (uint8_t)u;
+        }
+        c->exponent[r] = e_row;
+        c->finite[r] = (uint8_t)finite;
+    }
+}
+
+/* w [n, k] -> packed uint8 [ceil(n/16)][kp/4][4][16][4] (zeroed by the caller: padding rows and k stay 0, and
+ * meet only x's zero padding or padding rows' outputs, which are not stored), exponent, finite; bits <= 31. */
+void bp_linear_pack_w(const float *w, int64_t n, int64_t k, int64_t kp, int bits, uint8_t *packed,
+                      int32_t *exponent, uint8_t *finite, int nthreads)
+{
+    const struct pack_job c = {w, k, kp, n, bits, packed, 0, exponent, finite};
+    bp_parallel_for(pack_w_span, &c, n, nthreads);
+}
+
+struct fused_job {
+    const int8_t *xp;
+    const uint8_t *wp;
+    const int64_t *qsum;            /* per x row */
+    int64_t m, n, k, kp, panels, block_rows;
+    int bits_w;
+    const int32_t *ex, *ew;
+    const uint8_t *x_finite, *w_finite;
+    const float *x, *w, *bias;
+    int offset;
+    float *out;
+};
+
+/* T[r][d][col] = sum over pairs i + j = d of x digit i of row `row + r` times weight digit j of panel column col,
+ * over all of k, for R rows. */
+#define FUSED_TARGET __attribute__((target("avx512f,avx512vnni")))
+/* acc += the unsigned bytes of w times the 4 signed bytes at p, broadcast to every lane (VPDPBUSD with an
+ * embedded broadcast).  Written in asm: gcc 12 copies and spills the accumulators of the intrinsic. */
+#define DPBUSD_BROADCAST(acc, w, p) \
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(p)))
+
+/* The four weight digits' products with x digit i of one row go to the accumulators of digit weights i .. i + 3. */
+#define FUSED_DIGIT(A, B, C, D, p) \
+    do { \
+        DPBUSD_BROADCAST(A, w0, p); DPBUSD_BROADCAST(B, w1, p); \
+        DPBUSD_BROADCAST(C, w2, p); DPBUSD_BROADCAST(D, w3, p); \
+    } while (0)
+/* All twenty pairs of one row: a0 .. a7 are its accumulators, p its digit 0 at this k-quad (digit i at p + i kp). */
+#define FUSED_ROW(a, p) \
+    do { \
+        FUSED_DIGIT(a##0, a##1, a##2, a##3, (p)); \
+        FUSED_DIGIT(a##1, a##2, a##3, a##4, (p) + kp); \
+        FUSED_DIGIT(a##2, a##3, a##4, a##5, (p) + 2 * kp); \
+        FUSED_DIGIT(a##3, a##4, a##5, a##6, (p) + 3 * kp); \
+        FUSED_DIGIT(a##4, a##5, a##6, a##7, (p) + 4 * kp); \
+    } while (0)
+#define FUSED_ZERO(a) \
+    __m512i a##0 = _mm512_setzero_si512(), a##1 = a##0, a##2 = a##0, a##3 = a##0, a##4 = a##0, a##5 = a##0, \
+            a##6 = a##0, a##7 = a##0
+/* t[r][d] += the int32 lanes of accumulator d. */
+#define FUSED_FLUSH(a, r) \
+    do { \
+        const __m512i flushed[FUSED_D] = {a##0, a##1, a##2, a##3, a##4, a##5, a##6, a##7}; \
+        for (int d = 0; d < FUSED_D; d++) { \
+            int32_t lanes[FUSED_COLS]; \
+            _mm512_storeu_si512(lanes, flushed[d]); \
+            for (int l = 0; l < FUSED_COLS; l++) \
+                t[r][d][l] += lanes[l]; \
+        } \
+    } while (0)
+
+/* T[r][d][col] = sum over pairs i + j = d of x digit i of row `row + r` times weight digit j of panel column col,
+ * over all of k, for R (a constant after inlining: 1 .. FUSED_ROWS) rows.  The accumulators are named variables,
+ * not an array, so that gcc keeps all 24 in registers. */
+FUSED_TARGET ALWAYS_INLINE void fused_tile(const struct fused_job *c, int64_t row, int64_t panel, int R,
+                                           int64_t t[FUSED_ROWS][FUSED_D][FUSED_COLS])
+{
+    const int64_t kp = c->kp, kq = kp / 4;
+    const uint8_t *wp = c->wp + panel * kq * FUSED_SW * FUSED_COLS * 4;
+    const int8_t *xp = c->xp + row * FUSED_SX * kp;
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < FUSED_D; d++)
+            for (int l = 0; l < FUSED_COLS; l++)
+                t[r][d][l] = 0;
+    for (int64_t q0 = 0; q0 < kq; q0 += FUSED_CHUNK_Q) {
+        const int64_t q1 = q0 + FUSED_CHUNK_Q < kq ? q0 + FUSED_CHUNK_Q : kq;
+        FUSED_ZERO(a);
+        FUSED_ZERO(b);
+        FUSED_ZERO(e);
+        for (int64_t q = q0; q < q1; q++) {
+            const uint8_t *wq = wp + q * FUSED_SW * FUSED_COLS * 4;
+            const __m512i w0 = _mm512_loadu_si512(wq), w1 = _mm512_loadu_si512(wq + 64);
+            const __m512i w2 = _mm512_loadu_si512(wq + 128), w3 = _mm512_loadu_si512(wq + 192);
+            const int8_t *x0 = xp + 4 * q;
+            FUSED_ROW(a, x0);
+            if (R > 1)
+                FUSED_ROW(b, x0 + FUSED_SX * kp);
+            if (R > 2)
+                FUSED_ROW(e, x0 + 2 * FUSED_SX * kp);
+        }
+        FUSED_FLUSH(a, 0);
+        if (R > 1)
+            FUSED_FLUSH(b, 1);
+        if (R > 2)
+            FUSED_FLUSH(e, 2);
+    }
+}
+
+FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
+{
+    const struct fused_job *c = ctx;
+    int64_t t[FUSED_ROWS][FUSED_D][FUSED_COLS];
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t panel = item % c->panels, first = (item / c->panels) * c->block_rows;
+        const int64_t last = first + c->block_rows < c->m ? first + c->block_rows : c->m;
+        const int64_t col0 = panel * FUSED_COLS, cols = c->n - col0 < FUSED_COLS ? c->n - col0 : FUSED_COLS;
+        for (int64_t row = first; row < last; row += FUSED_ROWS) {
+            const int R = last - row < FUSED_ROWS ? (int)(last - row) : FUSED_ROWS;
+            if (R == 3)
+                fused_tile(c, row, panel, 3, t);
+            else if (R == 2)
+                fused_tile(c, row, panel, 2, t);
+            else
+                fused_tile(c, row, panel, 1, t);
+            for (int r = 0; r < R; r++)
+                for (int64_t l = 0; l < cols; l++) {
+                    const int64_t m = row + r, col = col0 + l;
+                    float y;
+                    if (c->x_finite[m] && c->w_finite[col]) {
+                        i128 s = 0;
+                        for (int d = FUSED_D - 1; d >= 0; d--)
+                            s = s * 256 + t[r][d][l];
+                        s -= (i128)c->qsum[m] << (c->bits_w - 1);
+                        y = round_scaled(s, c->ex[m] + c->ew[col] - c->offset);
+                    } else {
+                        y = nonfinite_pair(c->x + m * c->k, c->w + col * c->k, c->k);
+                    }
+                    c->out[m * c->n + col] = c->bias ? y + c->bias[col] : y;
+                }
+        }
+    }
+}
+
+/* out [m, n] = spec 24.1's linear from bp_linear_pack_x's and bp_linear_pack_w's forms (bits_w: the weight's B);
+ * x [m, k] and w [n, k] are read only for pairs with a non-finite row.  Work items: blocks of block_rows x rows (held in
+ * cache while the weight's panels stream past them) times panels.  Only where bp_linear_vnni() holds. */
+void bp_linear_fused(const int8_t *xp, const uint8_t *wp, const int64_t *qsum, int64_t m, int64_t n, int64_t k,
+                     int64_t kp, int64_t block_rows, int bits_w, const int32_t *ex, const int32_t *ew,
+                     const uint8_t *x_finite, const uint8_t *w_finite, const float *x, const float *w,
+                     const float *bias, int offset, float *out, int nthreads)
+{
+    const int64_t panels = (n + FUSED_COLS - 1) / FUSED_COLS, blocks = (m + block_rows - 1) / block_rows;
+    const struct fused_job c = {xp, wp, qsum, m, n, k, kp, panels, block_rows, bits_w, ex, ew, x_finite, w_finite,
+                                x, w, bias, offset, out};
+    bp_parallel_for(fused_span, &c, blocks * panels, nthreads);
 }
 
 struct gemm_job {
