@@ -81,9 +81,10 @@ def _row_exponents(v):
     """v f32 [R, C] -> (E int32 [R], nonfinite int32 [R]): spec 24.1's e of the row's largest finite nonzero
     magnitude, read from the bit patterns (magnitude patterns order as the values), _NO_EXPONENT for a row without
     one; and 1 where the row holds NaN or inf."""
-    a = (v.view(torch.int32) & 0x7FFFFFFF).to(torch.int64)
-    nonfinite = (a >= 0x7F800000).any(dim=1)
-    top = torch.where(a < 0x7F800000, a, 0).amax(dim=1)
+    a = v.view(torch.int32) & 0x7FFFFFFF
+    special = a >= 0x7F800000
+    nonfinite = special.any(dim=1)
+    top = a.masked_fill(special, 0).amax(dim=1).to(torch.int64)
     biased = top >> 23
     e = torch.where(biased > 0, biased - 127, _bit_length(top) - 150)
     e = torch.where(top == 0, _NO_EXPONENT, e)
