@@ -328,10 +328,14 @@ def moe(x, router, gate, up, down, k, *, norm_topk_prob=True, group=None, backen
                differentiable}
     table = _distributed._exchange(_OP, group, world, _description(tensors, options, backend))
     experts, _, _ = _check_call(table, world)
-    k = ops._positive_int("k", k, experts, " (router's E experts)")
+    # k and norm_topk_prob agree on every rank (compared above), so these raise on every rank alike
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"{_NAME}: k must be an integer; got {type(k).__name__}")
+    if not 1 <= k <= experts:
+        raise ValueError(f"{_NAME}: k must be in [1, {experts}] (router's E experts); got {k}")
     if not isinstance(norm_topk_prob, bool):
-        raise TypeError(f"norm_topk_prob must be a bool; got {type(norm_topk_prob).__name__}")
-    plan = _Plan(_resolve(backend, x.device), group, world, rank, k, norm_topk_prob,
+        raise TypeError(f"{_NAME}: norm_topk_prob must be a bool; got {type(norm_topk_prob).__name__}")
+    plan = _Plan(_resolve(backend, x.device), group, world, rank, int(k), norm_topk_prob,
                  [entry[0][0][2][0] for entry in table], experts)
     dense = [ops._dense(t.to(torch.float32)) for t in tensors]
     if differentiable:
