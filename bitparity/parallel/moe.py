@@ -93,10 +93,10 @@ def _description(tensors, options, backend):
 
 def _check_call(table, world):
     """The same error on every rank, in this order: an argument that is not a dense float tensor with data of its
-    rank (x 2-d, router 2-d, gate/up/down 3-d); one rank's tensors on several devices; a device type, router shape,
-    option or router value other than rank 0's; E not divisible by the group's size; a shape that does not fit
-    rank 0's router [E, D] and gate [E/W, I, D]; the backend (unavailable, wrong device, native); top_k and
-    norm_topk_prob. Returns (E, D, I)."""
+    rank (x 2-d, router 2-d, gate/up/down 3-d); one rank's tensors on several devices; a device type or router shape
+    other than rank 0's; E not divisible by the group's size; a shape that does not fit rank 0's router [E, D] and
+    gate [E/W, I, D]; an option or the router's bytes other than rank 0's; the backend (unavailable, wrong device,
+    native). moe checks k and norm_topk_prob next. Returns (E, D, I)."""
     layouts = {"x": (2, "[T_r, D]"), "router": (2, "[E, D]"), "gate": (3, "[E/W, I, D]"), "up": (3, "[E/W, I, D]"),
                "down": (3, "[E/W, D, I]")}
     for rank, (described, devices, _, _, _) in enumerate(table):
@@ -163,7 +163,7 @@ class _Dispatch:
     received rows are in source-rank order, each source's by expert, then token. An expert's rows, taken source by
     source, are therefore in ascending global token order (ranks hold consecutive slices of the sequence)."""
 
-    def __init__(self, plan, chosen, positions_of):
+    def __init__(self, plan, chosen):
         flat = chosen.reshape(-1)
         order = torch.sort(flat, stable=True).indices                 # expert, then token (flat index t*k + s)
         self.tokens, self.slots = order // plan.top_k, order % plan.top_k
@@ -176,8 +176,8 @@ class _Dispatch:
         self.expert_rows = [torch.cat([torch.arange(int(starts[r, e]), int(starts[r, e] + got[r, e]),
                                                     device=chosen.device)
                                        for r in range(plan.world)]) for e in range(plan.per)]
-        self.positions = _all_to_all(plan, positions_of(self.tokens), self.send_sizes, self.recv_sizes,
-                                     "token positions")
+        self.positions = _all_to_all(plan, self.tokens + plan.offset, self.send_sizes, self.recv_sizes,
+                                     "token positions")                 # global: rank offset + local token
 
     def send(self, plan, rows, what):
         return _all_to_all(plan, rows, self.send_sizes, self.recv_sizes, what)
@@ -216,7 +216,7 @@ def _forward(plan, x, router, gate, up, down):
     """(out [T_r, D], state): state keeps what the backward reads."""
     m = plan.module
     weights, chosen, probs = _route(plan, x, router)
-    dispatch = _Dispatch(plan, chosen, lambda tokens: tokens + plan.offset)
+    dispatch = _Dispatch(plan, chosen)
     received = dispatch.send(plan, x[dispatch.tokens], "token rows")
     computed = torch.empty_like(received)
     for e, rows in enumerate(dispatch.expert_rows):
