@@ -126,6 +126,8 @@ def _errors(rank, world):
     out = {"row_k": outcome(lambda: row(x, torch.ones(2, 5) if last else w, backend="cpu")),
            "col_bias": outcome(lambda: col(x, w, torch.ones(3) if last else torch.ones(2), backend="cpu"))}
     out["native"] = outcome(lambda: row(x, w, backend="native"))
+    wide = torch.zeros(1).expand(2, 1 << 26)                         # K_r = 2^26 without the memory
+    out["k_total"] = outcome(lambda: row(wide[:1], wide, backend="cpu"))
     if world > 1:
         out["row_n"] = outcome(lambda: row(x, torch.ones(3, 4) if last else w, backend="cpu"))
         out["col_x"] = outcome(lambda: col(torch.ones(4, 4) if last else x, w, backend="cpu"))
@@ -225,6 +227,8 @@ def test_a_shard_that_does_not_fit_gives_every_rank_the_same_error(tp):
                                    f"shape [2]"),
         "native": ("ValueError", "bitparity.parallel.row_parallel_linear: backend 'native' has no exact integer "
                                  "product"),
+        "k_total": ("ValueError", f"the sharded dimension totals {world << 26} over the ranks; the exact sum "
+                                  f"needs fewer than 2^26"),
         "row_n": ("ValueError", f"weight.shape[0] must be the same on every rank; rank 0 has 2, rank {last} has 3"),
         "col_x": ("ValueError", f"x's shape must be the same on every rank; rank 0 has (3, 4), rank {last} has "
                                 f"(4, 4)"),
