@@ -224,8 +224,9 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, tp
             dist.all_gather_object(everyone, mine, group=dp_group)
             rows.append({"step": step, **_combined(everyone), "grad_norm": float(norm),
                          "weights_digest": weights_digest(policy)})
+        digest_ = weights_digest(policy)              # every rank: a sharded parameter is gathered (spec 31.5)
         if rank == 0:
-            results.put(("ok", rows, weights_digest(policy)))
+            results.put(("ok", rows, digest_))
     except Exception as error:                   # reported by the parent, which exits 1 naming the rank
         results.put(("error", f"rank {rank}: {type(error).__name__}: {error}", None))
     finally:
