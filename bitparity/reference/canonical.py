@@ -196,6 +196,13 @@ def _softmax_stats(w):
     # identity, so an implementation may skip them without changing a bit (spec 8.2).
     seg_count = _segment_sums(np.where(one, F32(1.0), NEG_ZERO))
     seg_rest = _segment_sums(np.where(one | (e == F32(0.0)), NEG_ZERO, e))
+    return combine_segment_stats(seg_max, seg_count, seg_rest)
+
+
+def combine_segment_stats(seg_max, seg_count, seg_rest):
+    """The per-segment m_g, n_g, t_g ([R, G] each, segments in order) -> (shift, total, log_total, recip) [R]
+    (spec 8.2's second half). The vocab-parallel ops (spec 31.3) gather the segments' values from the ranks
+    that hold them and call this on every rank."""
     row_max = _canonical_max(seg_max, 1)                       # [R]
     shift = np.where(row_max == NEG_INF, F32(0.0), row_max)
     c = exp(seg_max - shift[:, None])                          # [R, G]
