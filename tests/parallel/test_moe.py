@@ -30,8 +30,8 @@ MODES = (True, False)
 GRADS = ("x", "router", "gate", "up", "down")
 
 
-def _problem(tokens=75):
-    """(x [T, D], router [E, D], gate [E, I, D], up [E, I, D], down [E, D, I], upstream g [T, D])."""
+def _problem(tokens=75, dtype=torch.float32):
+    """(x [T, D], router [E, D], gate [E, I, D], up [E, I, D], down [E, D, I] in dtype, upstream g [T, D])."""
     gen = torch.Generator().manual_seed(31)
     x = torch.randn(tokens, D, generator=gen)
     x[:, 0] = 2.0 + torch.rand(tokens, generator=gen)               # a common positive feature ...
@@ -39,7 +39,7 @@ def _problem(tokens=75):
     router[0, 0], router[3, 0] = 4.0, -4.0                           # ... that expert 0 always wins, expert 3 never
     gate, up = torch.randn(E, I, D, generator=gen) * 0.4, torch.randn(E, I, D, generator=gen) * 0.4
     down = torch.randn(E, D, I, generator=gen) * 0.4
-    return x, router, gate, up, down, torch.randn(tokens, D, generator=gen)
+    return (*(t.to(dtype) for t in (x, router, gate, up, down)), torch.randn(tokens, D, generator=gen))
 
 
 def _bits(t):
@@ -57,16 +57,16 @@ def _results(out, g, leaves, backward):
     return {"out": _bits(out), **{name: _bits(t.grad) for name, t in zip(GRADS, leaves)}}
 
 
-def _single(backend, norm, tokens=75, k=K, backward=True):
+def _single(backend, norm, tokens=75, k=K, backward=True, dtype=torch.float32):
     """The single-process bits in the parent."""
-    x, router, gate, up, down, g = _problem(tokens)
+    x, router, gate, up, down, g = _problem(tokens, dtype)
     leaves = [t.clone().requires_grad_(backward) for t in (x, router, gate, up, down)]
     return _results(bitparity.moe(*leaves, k, norm_topk_prob=norm, backend=backend), g, leaves, backward)
 
 
-def _expert_parallel(rank, world, split, backend, norm, tokens=75, k=K, backward=True):
+def _expert_parallel(rank, world, split, backend, norm, tokens=75, k=K, backward=True, dtype=torch.float32):
     """This rank's parallel.moe bits."""
-    x, router, gate, up, down, g = _problem(tokens)
+    x, router, gate, up, down, g = _problem(tokens, dtype)
     start = sum(split[:rank])
     mine = slice(start, start + split[rank])
     first, stop = parallel.expert_range(E, world, rank)
@@ -119,6 +119,7 @@ def _rank(rank, world):
     if world == 2:
         out.update({("small", backend): _expert_parallel(rank, world, split, backend, False, tokens, k, backward)
                     for backend, (tokens, split, k, backward) in SMALL.items()})
+        out["bfloat16"] = _expert_parallel(rank, world, split, "cpu", True, dtype=torch.bfloat16)
     return out
 
 
@@ -130,8 +131,8 @@ def results():
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(backend, norm, tokens=75, k=K, backward=True):
-    return _single(backend, norm, tokens, k, backward)
+def _reference(backend, norm, tokens=75, k=K, backward=True, dtype=torch.float32):
+    return _single(backend, norm, tokens, k, backward, dtype)
 
 
 def _expected(ref, rank, world, split):
@@ -179,6 +180,14 @@ def test_expert_parallel_moe_on_the_other_backends(results, backend):
     ref = _reference(backend, False, tokens, k, backward)
     for rank, got in enumerate(results[2]):
         _assert_same(got[("small", backend)], _expected(ref, rank, 2, split), f"{backend} rank {rank}")
+
+
+def test_bfloat16_weights_and_tokens_give_the_single_process_bits(results):
+    """A bf16 model's block (hf.py passes bf16 tensors): upcast exactly; the gradients reach the bf16 leaves rounded
+    once, as bitparity.moe's do."""
+    ref = _reference("cpu", True, dtype=torch.bfloat16)
+    for rank, got in enumerate(results[2]):
+        _assert_same(got["bfloat16"], _expected(ref, rank, 2, SPLITS[2]), f"bfloat16 rank {rank}")
 
 
 def test_float_all_reduce_of_partial_gradients_depends_on_the_world_size(results):
