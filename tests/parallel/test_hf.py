@@ -149,3 +149,17 @@ def test_rl_check_cli_tp2_prints_one_process_weights(tmp_path):
     assert row["logprob"]["bitwise_equal"] == row["logprob"]["tokens"] and row["logprob"]["max_abs_diff"] == 0.0
     assert doc["weights_digest"] == QWEN3_ONE_STEP
     assert "tensor-parallel 2" in run.stdout
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--tp", "3", "--model", "qwen3"], "--tp must be 1, 2, 4 or 8"),
+    (["--tp", "2"], "--tp and --ep shard a Hugging Face model"),
+    (["--model", "qwen3", "--ep", "2"], "expert parallelism (size 2) needs a Qwen3-MoE model"),
+    (["--model", "qwen3", "--tp", "8"], "config.num_attention_heads = 4 is not a multiple of the tensor-parallel size 8"),
+    (["--model", "qwen3", "--tp", "2", "--native"], "--native and --backend native compare one process's weights"),
+])
+def test_bad_tp_ep_exit_2_before_any_rank_starts(argv, words, capsys):
+    from bitparity import cli
+    assert cli.main(["rl-check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bitparity rl-check: ") and words in err and err.count("\n") == 1, err
