@@ -167,7 +167,9 @@ def train_check(backend, seed, steps, micro_batch=UpdateSettings().micro_batch, 
     return doc
 
 
-WORLD_TIMEOUT_S = 600            # a data-parallel rl-check's whole run; each collective's own timeout is 120 s
+# A spawned rl-check's whole run (data-parallel or sharded: a sharded --steps 2 on the numpy backend takes many
+# minutes on a loaded machine); each collective's own timeout is 120 s.
+WORLD_TIMEOUT_S = 1800
 
 
 def _combined(rows):
@@ -260,5 +262,14 @@ def _spawned_train(backend, seed, steps, micro_batch, data_parallel, config, tp,
             if p.is_alive():
                 p.kill()
     if status != "ok":
-        raise RuntimeError(rows)
+        # The first report may be a rank that saw another one die: every rank's error, in the order they came.
+        errors = [rows]
+        while True:
+            try:
+                report = results.get(timeout=1)
+            except queue.Empty:
+                break
+            if report[0] == "error":
+                errors.append(report[1])
+        raise RuntimeError("; ".join(errors))
     return rows, digest_
