@@ -5,3 +5,4 @@ order; no float addition happens inside a collective."""
 
 from .linear import column_parallel_linear, row_parallel_linear, shard_range  # noqa: F401
 from .moe import expert_range, moe  # noqa: F401
+from .vocab import entropy, logsumexp, sample, token_logprobs, vocab_shard  # noqa: F401 - spec 31.3
