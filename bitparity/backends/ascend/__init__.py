@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .. import linear_grad
+from .. import linear_grad, linear_limbs
 from . import host_emulation, npu_ops
 
 NAME = "ascend"
@@ -265,12 +265,11 @@ def linear(x, weight, bias):
 
 def linear_exact(x, weight):
     """Spec 31.1's exact integer of linear as int64 [2, M, N] (hi, lo), S = hi 2^30 + lo (backends/linear_limbs.py):
-    the quantise and Cube kernels of kernels/linear.cpp without the rounding, in the host emulation."""
-    if _on_npu():
-        raise NotImplementedError("bitparity (ascend): the tensor-parallel linear's exact partial has no NPU binding "
-                                  "yet (npu/bitparity_npu.cpp would queue bp_linear_exact's three launches); it runs "
-                                  "in the host emulation only")
-    return host_emulation.linear_exact(x, weight)
+    kernels/linear.cpp's quantise and Cube launches without the rounding give int32 partials per chunk of K and
+    digit weight 256^s; the chunks are added in int64 and the diagonals carried here."""
+    partials = npu_ops.op("linear_exact")(x, weight) if _on_npu() else host_emulation.linear_exact(x, weight)
+    planes = partials.to(torch.int64).sum(dim=0)[:, :x.shape[0], :weight.shape[0]]
+    return linear_limbs.from_planes(planes, 8)
 
 
 def rms_norm(x, weight, eps):

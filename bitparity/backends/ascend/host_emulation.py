@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from ... import spec
-from .. import linear_limbs
 from .._build import build_shared_library, find_compiler
 
 HERE = Path(__file__).resolve().parent
@@ -336,9 +335,9 @@ def linear(x, weight, bias, blocks=None):
 
 
 def linear_exact(x, weight, blocks=None):
-    """x [M, K], weight [N, K] -> int64 [2, M, N]: the exact S of spec 24.1 as (hi, lo) limbs (spec 31.1), from
-    kernels/linear.cpp's quantise and Cube launches (bp_linear_exact, no rounding): the int32 partials of each
-    chunk of K and digit weight 256^s summed into int64 planes here, then carried (backends/linear_limbs.py)."""
+    """x [M, K], weight [N, K] -> the Cube unit's int32 partials [chunks, 8, mPad, nPad] of spec 24.1's exact S (per
+    chunk of K and digit weight 256^s), from kernels/linear.cpp's quantise and Cube launches without the rounding
+    (bp_linear_exact; the tensor-parallel linear's partial, spec 31.1)."""
     lib = library()
     m, k = x.shape
     n = weight.shape[0]
@@ -357,8 +356,7 @@ def linear_exact(x, weight, blocks=None):
     check(lib, lib.bp_linear_exact(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(),
                                    digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(), meta_w.data_ptr(),
                                    partials.data_ptr(), m, k, n))
-    planes = partials.to(torch.int64).sum(dim=0)[:, :m, :n]
-    return linear_limbs.from_planes(planes, 8)
+    return partials
 
 
 def rms_norm(x, weight, eps, blocks=None):

@@ -406,6 +406,37 @@ at::Tensor LinearOp(const at::Tensor& x, const at::Tensor& weight, const c10::op
     return out;
 }
 
+// The tensor-parallel linear's exact partial (spec 31.1): LinearOp's first three launches, without the rounding.
+// Returns the Cube unit's int32 partials [chunks, 8, mPad, nPad]; ascend/__init__.py adds the chunks in int64 and
+// carries the diagonals into two limbs, as for the emulation's bp_linear_exact.
+at::Tensor LinearExactOp(const at::Tensor& x, const at::Tensor& weight)
+{
+    const c10::DeviceGuard guard(x.device());
+    TORCH_CHECK(x.device().type() == c10::DeviceType::PrivateUse1, "bitparity (ascend): x must be an NPU tensor");
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+                "bitparity (ascend): x must be a contiguous float32 tensor [M, K]");
+    const int64_t m = x.size(0), k = x.size(1);
+    TORCH_CHECK(weight.dim() == 2, "bitparity (ascend): weight must be [N, K]");
+    const int64_t n = weight.size(0);
+    CheckShaped(weight, x, {n, k}, "weight");
+    const int64_t mPad = (m + 15) / 16 * 16, nPad = (n + 15) / 16 * 16, kPad = (k + 31) / 32 * 32;
+    const int64_t chunks = (kPad + LINEAR_CHUNK_K - 1) / LINEAR_CHUNK_K;
+    TORCH_CHECK(std::max(mPad, nPad) * kPad * LINEAR_DIGITS_X < (int64_t(1) << 32) &&
+                    chunks * LINEAR_DIAGONALS * mPad * nPad < (int64_t(1) << 32),
+                "bitparity (ascend): linear's operands and partials must have fewer than 2**32 elements");
+    const at::TensorOptions bytes = x.options().dtype(at::kChar), words = x.options().dtype(at::kInt);
+    at::Tensor digitsX = at::empty({LINEAR_DIGITS_X * mPad * kPad}, bytes);
+    at::Tensor digitsW = at::empty({LINEAR_DIGITS_W * nPad * kPad}, bytes);
+    at::Tensor metaX = at::empty({mPad, 8}, words);
+    at::Tensor metaW = at::empty({nPad, 8}, words);
+    at::Tensor partials = at::empty({chunks, LINEAR_DIAGONALS, mPad, nPad}, words);
+    const uint32_t blocks = Blocks(std::max(mPad, nPad));
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(x), Gm(digitsX), Gm(metaX), m, k, mPad, kPad, 0);
+    BITPARITY_LAUNCH(bitparity_linear_quantise, blocks, Gm(weight), Gm(digitsW), Gm(metaW), n, k, nPad, kPad, 1);
+    BITPARITY_LAUNCH(bitparity_linear_digits, blocks, Gm(digitsX), Gm(digitsW), Gm(partials), mPad, nPad, kPad);
+    return partials;
+}
+
 at::Tensor RmsNormOp(const at::Tensor& x, const at::Tensor& weight, double eps)
 {
     const c10::DeviceGuard guard(x.device());
@@ -797,6 +828,7 @@ TORCH_LIBRARY(bitparity_ascend, m)
     m.def("sample(Tensor x, Tensor scale, Tensor top_k, Tensor top_p, Tensor min_p, Tensor greedy, "
           "Tensor seeds, Tensor positions) -> Tensor");
     m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+    m.def("linear_exact(Tensor x, Tensor weight) -> Tensor");
     m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
     m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor kv_lengths, bool causal, float scale) -> Tensor");
@@ -846,6 +878,7 @@ TORCH_LIBRARY_IMPL(bitparity_ascend, PrivateUse1, m)
     m.impl("filter_logits", TORCH_FN(bitparity_npu::FilterLogitsOp));
     m.impl("sample", TORCH_FN(bitparity_npu::SampleOp));
     m.impl("linear", TORCH_FN(bitparity_npu::LinearOp));
+    m.impl("linear_exact", TORCH_FN(bitparity_npu::LinearExactOp));
     m.impl("rms_norm", TORCH_FN(bitparity_npu::RmsNormOp));
     m.impl("rotary", TORCH_FN(bitparity_npu::RotaryOp));
     m.impl("attention", TORCH_FN(bitparity_npu::AttentionOp));
