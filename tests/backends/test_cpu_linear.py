@@ -98,6 +98,21 @@ def test_rows_longer_than_one_int32_chunk(monkeypatch, path):
     assert torch.equal(canonical_bits(cpu.linear(x, w, None)), canonical_bits(reference.linear(x, w, None)))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_sticky_bit_below_binary64_precision_breaks_the_tie(monkeypatch, path):
+    # S = 2^64 + 2^40 + 16 (x's Q = [2^37, 2^13, 16] against the weight's [2^27, 2^27, 1]): 2^40 is half of the
+    # result's last place and 16 lies below binary64's 53 bits, so a binary64 sum rounded again to binary32 ties
+    # to even (down: the negative control below); the fused kernel's round-to-odd step and the 128-bit rounding
+    # keep the sticky bit and round up.
+    _force(monkeypatch, path)
+    x = torch.tensor([[2.0 ** 33, 2.0 ** 9, 1.0], [-2.0 ** 33, -2.0 ** 9, -1.0], [2.0 ** 33, 2.0 ** 9, 0.0]])
+    w = torch.tensor([[1.0, 1.0, 2.0 ** -27]])
+    got = cpu.linear(x, w, None)
+    assert torch.equal(canonical_bits(got), canonical_bits(reference.linear(x, w, None)))
+    assert got[:, 0].tolist() == [2.0 ** 33 + 2.0 ** 10, -(2.0 ** 33 + 2.0 ** 10), 2.0 ** 33]
+    assert float(np.float32(np.float64(2 ** 64 + 2 ** 40 + 16) * 2.0 ** -31)) == 2.0 ** 33      # the trap
+
+
 def test_the_weight_cache_never_serves_stale_digits():
     x, w = _case(4, 64, 8, 0)
     weight = torch.nn.Parameter(w.clone())

@@ -271,11 +271,12 @@ void bp_linear_round_f64(const double *high, const double *low, int64_t m, int64
 #define FUSED_ROWS 3                    /* x rows per register tile: 3 x 8 accumulators + 4 weight vectors */
 #define FUSED_CHUNK_Q 4096              /* k-quads per int32 chunk (16384 terms) */
 
-/* 1 if this CPU runs the fused kernel (AVX-512F with VNNI). */
+/* 1 if this CPU runs the fused kernel (AVX-512F, DQ and VNNI). */
 int bp_linear_vnni(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+           && __builtin_cpu_supports("avx512vnni");
 }
 
 struct pack_job {
@@ -334,19 +335,25 @@ static void pack_w_span(const void *ctx, int64_t begin, int64_t end)
         int e_row = row_exponent(row, k, &finite);
         uint8_t *panel = (uint8_t *)c->packed + (r / FUSED_COLS) * kq * FUSED_SW * FUSED_COLS * 4
                          + (r % FUSED_COLS) * 4;
-        for (int64_t i = 0; i < k; i++) {
-            uint64_t u = (uint64_t)(quantised(row[i], c->bits, e_row, finite) + offset);
-            uint8_t *at = panel + (i / 4) * FUSED_SW * FUSED_COLS * 4 + i % 4;
-            for (int sl = 0; sl < FUSED_SW; sl++, u >>= 8)
-                at[sl * FUSED_COLS * 4] = (uint8_t)u;
+        /* A k-quad's four digits of each slice are formed in `quad` and stored as 4 bytes: stores at the panels'
+         * stride, which gcc otherwise vectorises into scatters (slow on this AMD EPYC). k's padding gets 0. */
+        for (int64_t q = 0; q < kq; q++) {
+            uint8_t quad[FUSED_SW][4] = {{0}};
+            for (int e = 0; e < 4 && 4 * q + e < k; e++) {
+                uint64_t u = (uint64_t)(quantised(row[4 * q + e], c->bits, e_row, finite) + offset);
+                for (int sl = 0; sl < FUSED_SW; sl++, u >>= 8)
+                    quad[sl][e] = (uint8_t)u;
+            }
+            for (int sl = 0; sl < FUSED_SW; sl++)
+                memcpy(panel + (q * FUSED_SW + sl) * FUSED_COLS * 4, quad[sl], 4);
         }
         c->exponent[r] = e_row;
         c->finite[r] = (uint8_t)finite;
     }
 }
 
-/* w [n, k] -> packed uint8 [ceil(n/16)][kp/4][4][16][4] (zeroed by the caller: padding rows and k stay 0, and
- * meet only x's zero padding or padding rows' outputs, which are not stored), exponent, finite; bits <= 31. */
+/* w [n, k] -> packed uint8 [ceil(n/16)][kp/4][4][16][4] (k's padding 0; the caller zeroes the padding rows of the
+ * last panel, whose outputs are not stored), exponent, finite; bits <= 31. */
 void bp_linear_pack_w(const float *w, int64_t n, int64_t k, int64_t kp, int bits, uint8_t *packed,
                       int32_t *exponent, uint8_t *finite, int nthreads)
 {
@@ -369,7 +376,7 @@ struct fused_job {
 
 /* T[r][d][col] = sum over pairs i + j = d of x digit i of row `row + r` times weight digit j of panel column col,
  * over all of k, for R rows. */
-#define FUSED_TARGET __attribute__((target("avx512f,avx512vnni")))
+#define FUSED_TARGET __attribute__((target("avx512f,avx512dq,avx512vnni")))
 /* acc += the unsigned bytes of w times the 4 signed bytes at p, broadcast to every lane (VPDPBUSD with an
  * embedded broadcast).  Written in asm: gcc 12 copies and spills the accumulators of the intrinsic. */
 #define DPBUSD_BROADCAST(acc, w, p) \
@@ -442,14 +449,68 @@ FUSED_TARGET ALWAYS_INLINE void fused_tile(const struct fused_job *c, int64_t ro
     }
 }
 
+/* One output from T (scalar, 128 bits): any k. */
+ALWAYS_INLINE float fused_round_one(const struct fused_job *c, const int64_t t[FUSED_D][FUSED_COLS], int64_t l,
+                                    int64_t m, int64_t col)
+{
+    i128 s = 0;
+    for (int d = FUSED_D - 1; d >= 0; d--)
+        s = s * 256 + t[d][l];
+    s -= (i128)c->qsum[m] << (c->bits_w - 1);
+    return round_scaled(s, c->ex[m] + c->ew[col] - c->offset);
+}
+
+/* Eight outputs of one row from T (lanes l0 .. l0 + 7), for |S| < 2^85 (k < 2^(48 - Bw): |S| <= k 2^38 2^(Bw-1)):
+ * S = hi 2^32 + lo with lo in [0, 2^32) and |hi| < 2^53, so A = hi 2^32 and B = lo are exact binary64 values.
+ * s = A + B rounded to nearest and its exact error e (TwoSum) give S rounded to odd at 53 bits: s itself where
+ * e = 0 or s's last bit is 1, else s's neighbour towards e.  Rounding to odd at 53 >= 24 + 2 bits and then to
+ * nearest at binary32's precision (subnormal grid and overflow included: vcvtpd2ps, round to nearest even) is
+ * the correctly rounded binary32 of S 2^p; the scaling by 2^p between them is exact (|p| <= 364, |s| < 2^86: far
+ * inside binary64's normal range).  So this is round_scaled's result, bit for bit. */
+FUSED_TARGET ALWAYS_INLINE __m256 fused_round_eight(const struct fused_job *c, const int64_t t[FUSED_D][FUSED_COLS],
+                                                     int l0, int64_t m, const int32_t *ew)
+{
+    __m512i lo = _mm512_loadu_si512(&t[0][l0]), hi = _mm512_loadu_si512(&t[4][l0]);
+    for (int d = 1; d < 4; d++) {
+        lo = _mm512_add_epi64(lo, _mm512_slli_epi64(_mm512_loadu_si512(&t[d][l0]), 8 * d));
+        hi = _mm512_add_epi64(hi, _mm512_slli_epi64(_mm512_loadu_si512(&t[4 + d][l0]), 8 * d));
+    }
+    /* minus sum_k Qx 2^(Bw-1) = (qsum >> (32 - sh)) 2^32 + (qsum mod 2^(32 - sh)) 2^sh, sh = Bw - 1 < 32 */
+    const int sh = c->bits_w - 1;
+    const int64_t qsum = c->qsum[m];
+    hi = _mm512_sub_epi64(hi, _mm512_set1_epi64(qsum >> (32 - sh)));
+    lo = _mm512_sub_epi64(lo, _mm512_set1_epi64((qsum & (((int64_t)1 << (32 - sh)) - 1)) << sh));
+    const __m512i carry = _mm512_srai_epi64(lo, 32);
+    lo = _mm512_sub_epi64(lo, _mm512_slli_epi64(carry, 32));
+    hi = _mm512_add_epi64(hi, carry);
+    const __m512d a = _mm512_mul_pd(_mm512_cvtepi64_pd(hi), _mm512_set1_pd(4294967296.0));
+    const __m512d b = _mm512_cvtepi64_pd(lo);
+    const __m512d sum = _mm512_add_pd(a, b), bb = _mm512_sub_pd(sum, a);
+    const __m512d err = _mm512_add_pd(_mm512_sub_pd(a, _mm512_sub_pd(sum, bb)), _mm512_sub_pd(b, bb));
+    const __m512i bits = _mm512_castpd_si512(sum), err_bits = _mm512_castpd_si512(err);
+    const __mmask8 inexact = _mm512_cmp_pd_mask(err, _mm512_setzero_pd(), _CMP_NEQ_UQ);
+    const __mmask8 even = _mm512_testn_epi64_mask(bits, _mm512_set1_epi64(1));
+    const __mmask8 away = _mm512_testn_epi64_mask(_mm512_xor_si512(bits, err_bits), _mm512_set1_epi64(INT64_MIN));
+    __m512i odd = _mm512_mask_add_epi64(bits, inexact & even & away, bits, _mm512_set1_epi64(1));
+    odd = _mm512_mask_sub_epi64(odd, inexact & even & (__mmask8)~away, bits, _mm512_set1_epi64(1));
+    /* 2^p as a binary64 pattern, p = Ex + Ew - offset */
+    const __m512i p = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(ew + l0))),
+                                       _mm512_set1_epi64(c->ex[m] - c->offset + 1023));
+    const __m512d scaled = _mm512_mul_pd(_mm512_castsi512_pd(odd), _mm512_castsi512_pd(_mm512_slli_epi64(p, 52)));
+    return _mm512_cvt_roundpd_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
 {
     const struct fused_job *c = ctx;
+    const int vector = c->k < ((int64_t)1 << (48 - c->bits_w));
     int64_t t[FUSED_ROWS][FUSED_D][FUSED_COLS];
     for (int64_t item = begin; item < end; item++) {
         const int64_t panel = item % c->panels, first = (item / c->panels) * c->block_rows;
         const int64_t last = first + c->block_rows < c->m ? first + c->block_rows : c->m;
         const int64_t col0 = panel * FUSED_COLS, cols = c->n - col0 < FUSED_COLS ? c->n - col0 : FUSED_COLS;
+        int32_t ew[FUSED_COLS] = {0};                       /* the panel's exponents, 0 past n */
+        memcpy(ew, c->ew + col0, (size_t)cols * sizeof *ew);
         for (int64_t row = first; row < last; row += FUSED_ROWS) {
             const int R = last - row < FUSED_ROWS ? (int)(last - row) : FUSED_ROWS;
             if (R == 3)
@@ -458,21 +519,23 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
                 fused_tile(c, row, panel, 2, t);
             else
                 fused_tile(c, row, panel, 1, t);
-            for (int r = 0; r < R; r++)
-                for (int64_t l = 0; l < cols; l++) {
-                    const int64_t m = row + r, col = col0 + l;
-                    float y;
-                    if (c->x_finite[m] && c->w_finite[col]) {
-                        i128 s = 0;
-                        for (int d = FUSED_D - 1; d >= 0; d--)
-                            s = s * 256 + t[r][d][l];
-                        s -= (i128)c->qsum[m] << (c->bits_w - 1);
-                        y = round_scaled(s, c->ex[m] + c->ew[col] - c->offset);
-                    } else {
-                        y = nonfinite_pair(c->x + m * c->k, c->w + col * c->k, c->k);
-                    }
-                    c->out[m * c->n + col] = c->bias ? y + c->bias[col] : y;
+            for (int r = 0; r < R; r++) {
+                const int64_t m = row + r;
+                float y[FUSED_COLS];
+                if (vector) {
+                    _mm256_storeu_ps(y, fused_round_eight(c, t[r], 0, m, ew));
+                    _mm256_storeu_ps(y + 8, fused_round_eight(c, t[r], 8, m, ew));
+                } else {
+                    for (int64_t l = 0; l < cols; l++)
+                        y[l] = fused_round_one(c, t[r], l, m, col0 + l);
                 }
+                for (int64_t l = 0; l < cols; l++) {
+                    const int64_t col = col0 + l;
+                    if (!(c->x_finite[m] && c->w_finite[col]))
+                        y[l] = nonfinite_pair(c->x + m * c->k, c->w + col * c->k, c->k);
+                    c->out[m * c->n + col] = c->bias ? y[l] + c->bias[col] : y[l];
+                }
+            }
         }
     }
 }
