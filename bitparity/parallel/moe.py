@@ -96,7 +96,7 @@ def _check_call(table, world):
     rank (x 2-d, router 2-d, gate/up/down 3-d); one rank's tensors on several devices; a device type or router shape
     other than rank 0's; E not divisible by the group's size; a shape that does not fit rank 0's router [E, D] and
     gate [E/W, I, D]; an option or the router's bytes other than rank 0's; the backend (unavailable, wrong device,
-    native). moe checks k and norm_topk_prob next. Returns (E, D, I)."""
+    native). moe checks k and norm_topk_prob next. Returns E."""
     layouts = {"x": (2, "[T_r, D]"), "router": (2, "[E, D]"), "gate": (3, "[E/W, I, D]"), "up": (3, "[E/W, I, D]"),
                "down": (3, "[E/W, D, I]")}
     for rank, (described, devices, _, _, _) in enumerate(table):
@@ -132,7 +132,7 @@ def _check_call(table, world):
         kind, message = entry[4]
         if kind != "ok":
             raise (TypeError if kind == "TypeError" else ValueError)(f"{_NAME}: backend on rank {rank}: {message}")
-    return experts, width, inter
+    return experts
 
 
 class _Plan:
@@ -327,7 +327,7 @@ def moe(x, router, gate, up, down, k, *, norm_topk_prob=True, group=None, backen
     options = {"k": k, "norm_topk_prob": norm_topk_prob, "backend": backend, "differentiable (requires grad)":
                differentiable}
     table = _distributed._exchange(_OP, group, world, _description(tensors, options, backend))
-    experts, _, _ = _check_call(table, world)
+    experts = _check_call(table, world)
     # k and norm_topk_prob agree on every rank (compared above), so these raise on every rank alike
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"{_NAME}: k must be an integer; got {type(k).__name__}")
