@@ -266,7 +266,7 @@ def _check(op, group, x, weight, bias, backend, row_parallel):
                 raise ValueError(f"{_name(op)}: bias on rank {rank} must have shape [{w_shape[0]}] (weight's rows); "
                                  f"got {db[2]}")
     x_key = (lambda e: e[0][0][2][:-1]) if row_parallel else (lambda e: e[0][0][2])
-    _check_agreement(op, "x's shape" + (" but its last dimension" if row_parallel else ""), table, x_key)
+    _check_agreement(op, "x's shape" + (" except its last dimension" if row_parallel else ""), table, x_key)
     w_dim = 0 if row_parallel else 1
     _check_agreement(op, f"weight.shape[{w_dim}]", table, lambda e: e[0][1][2][w_dim])
     _check_agreement(op, "the dtypes and device types of x and weight", table,

@@ -131,6 +131,7 @@ def _errors(rank, world):
     if world > 1:
         out["row_n"] = outcome(lambda: row(x, torch.ones(3, 4) if last else w, backend="cpu"))
         out["col_x"] = outcome(lambda: col(torch.ones(4, 4) if last else x, w, backend="cpu"))
+        out["row_x"] = outcome(lambda: row(torch.ones(4, 4) if last else x, w, backend="cpu"))
     out["after"] = _bits(row(x, w, backend="cpu"))                      # the group still works
     return out
 
@@ -230,6 +231,8 @@ def test_a_shard_that_does_not_fit_gives_every_rank_the_same_error(tp):
         "k_total": ("ValueError", f"the sharded dimension totals {world << 26} over the ranks; the exact sum "
                                   f"needs fewer than 2^26"),
         "row_n": ("ValueError", f"weight.shape[0] must be the same on every rank; rank 0 has 2, rank {last} has 3"),
+        "row_x": ("ValueError", f"x's shape except its last dimension must be the same on every rank; rank 0 has "
+                                f"(3,), rank {last} has (4,)"),
         "col_x": ("ValueError", f"x's shape must be the same on every rank; rank 0 has (3, 4), rank {last} has "
                                 f"(4, 4)"),
     }
