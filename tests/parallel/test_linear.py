@@ -5,8 +5,9 @@ autograd, computed here in the parent, on numpy and cpu (every case) and cuda (T
 
 The inputs are adversarial for a sharded sum: a row whose shards' partial sums cancel to a tiny result, rows
 whose largest exponent lies on one rank only, subnormal rows, all-zero shards and rows, NaN and inf in one rank's
-shard, 37 token rows (a whole gradient block of 32 and a short one), uneven K shards, and bfloat16 inputs. Negative control:
-torch's float all_reduce of per-rank float partials differs between 1 and 2 ranks on the same inputs.
+shard, 37 token rows (a whole gradient block of 32 and a short one), uneven K shards, and bfloat16 inputs.
+Negative control: torch's float all_reduce of per-rank float partials differs between 1 and 2 (and 4) ranks on the
+same inputs.
 """
 
 import numpy as np
