@@ -1,7 +1,9 @@
 """Runs one function on W gloo ranks over 127.0.0.1, each in a spawned process, and returns every rank's result.
 
 `run(fn, world, *args)` calls `fn(rank, world, *args)` on each rank after `init_process_group("gloo")` with a
-bounded timeout; `fn` must be a module-level function and its arguments and result picklable (tensors are).
+bounded timeout; `fn` must be a module-level function and its arguments and result picklable. The result travels as
+`torch.save` bytes: a tensor put on a multiprocessing queue as itself would live in shared memory that dies with
+its rank.
 A rank that raises reports the exception, which `run` raises in the parent as a RuntimeError naming the rank
 (tests that expect an error on every rank return it instead: `outcome(call)`). A rank that dies without
 reporting, or a world that does not finish within `join_s`, fails now instead of hanging the suite.
@@ -11,11 +13,13 @@ world size once, gathering all its checks into one function (a module-scoped fix
 """
 
 import datetime
+import io
 import multiprocessing
 import queue
 import socket
 import traceback
 
+import torch
 import torch.distributed as dist
 
 
@@ -30,7 +34,9 @@ def _rank_main(fn, rank, world, port, args, results):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=60))
         try:
-            results.put((rank, True, fn(rank, world, *args)))
+            value = io.BytesIO()
+            torch.save(fn(rank, world, *args), value)
+            results.put((rank, True, value.getvalue()))
         finally:
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the parent re-raises it with the rank named
@@ -46,7 +52,7 @@ def outcome(call):
     return "ok", None
 
 
-def run(fn, world, *args, join_s=180):
+def run(fn, world, *args, join_s=300):
     """[fn(0, world, *args), ..., fn(world - 1, world, *args)], each on its own gloo rank."""
     ctx = multiprocessing.get_context("spawn")
     results, port = ctx.Queue(), _free_port()
@@ -68,7 +74,7 @@ def run(fn, world, *args, join_s=180):
                 continue
             if not ok:
                 raise RuntimeError(f"world {world}, rank {rank} raised:\n{value}")
-            got[rank] = value
+            got[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         for p in procs:
             p.join(timeout=10)
