@@ -113,6 +113,17 @@ def test_a_sticky_bit_below_binary64_precision_breaks_the_tie(monkeypatch, path)
     assert float(np.float32(np.float64(2 ** 64 + 2 ** 40 + 16) * 2.0 ** -31)) == 2.0 ** 33      # the trap
 
 
+@pytest.mark.parametrize("path", ("fused", "int_mm"))
+def test_the_weight_gradient_blocks_give_the_reference_bits(monkeypatch, path):
+    # weight_grad's 32-row blocks: the fused kernel (uncached, vector rounding) where VNNI runs, else short_linear's
+    # binary64 products; rows out of order, blocks partly filled, one block without rows.
+    _force(monkeypatch, path)
+    x, g = _case(70, 40, 24, 7)[0], _case(70, 24, 1, 8)[0]
+    positions = torch.from_numpy(np.random.default_rng(7).permutation(128)[:70])
+    got = cpu.weight_grad(x, g, positions, 160)
+    assert torch.equal(canonical_bits(got), canonical_bits(reference.weight_grad(x, g, positions, 160)))
+
+
 def test_the_weight_cache_never_serves_stale_digits():
     x, w = _case(4, 64, 8, 0)
     weight = torch.nn.Parameter(w.clone())

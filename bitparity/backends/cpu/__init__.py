@@ -427,9 +427,9 @@ class Build:
         return out
 
     def weight_grad(self, x, g, positions, rows):
-        # Each block holds at most LINEAR_GRAD_BLOCK rows: its product is short_linear's (binary64, exact).
+        # Each block holds at most LINEAR_GRAD_BLOCK rows: its product is block_linear's (uncached weight).
         threads = _threads(x.shape[1] * g.shape[1] * spec.LINEAR_GRAD_BLOCK)
-        return linear_grad.weight_grad(lambda a, b, _: _linear.short_linear(self._lib, a, b, threads), x, g,
+        return linear_grad.weight_grad(lambda a, b, _: _linear.block_linear(self._lib, a, b, threads), x, g,
                                        positions, rows)
 
     def rms_norm_backward(self, x, weight, eps, g):

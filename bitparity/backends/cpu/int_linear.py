@@ -174,12 +174,14 @@ def pack_weight(lib, weight, threads):
     return packed, exponent, finite
 
 
-def fused_linear(lib, x, weight, bias, threads):
-    """linear by linear.c's fused kernel: x's digits packed, the weight's panels (unsigned digits) from WEIGHTS,
-    and one call that forms and rounds each S in registers (no partials in memory)."""
+def fused_linear(lib, x, weight, bias, threads, cached=True):
+    """linear by linear.c's fused kernel: x's digits packed, the weight's panels (unsigned digits) from WEIGHTS
+    (packed afresh without `cached`), and one call that forms and rounds each S in registers (no partials in
+    memory)."""
     (m, k), n = x.shape, weight.shape[0]
     kp = -(-k // 4) * 4
-    packed_w, ew, w_finite = WEIGHTS.quantised(lib, weight, threads, pack_weight)
+    packed_w, ew, w_finite = (WEIGHTS.quantised(lib, weight, threads, pack_weight) if cached
+                              else pack_weight(lib, weight, threads))
     packed_x = torch.empty((m, X_SLICES, kp), dtype=torch.int8)
     qsum = torch.empty(m, dtype=torch.int64)
     ex = torch.empty(m, dtype=torch.int32)
@@ -220,6 +222,15 @@ def linear(lib, x, weight, bias, threads):
                             None if bias is None else bias.data_ptr(), _OFFSET, out[start:start + mb].data_ptr(),
                             threads)
     return out
+
+
+def block_linear(lib, x, weight, threads):
+    """The weight gradient's product of one block (spec 29.2): x [M, K], weight [N, K] with K <= LINEAR_GRAD_BLOCK,
+    both fresh each block, so nothing is cached. The fused kernel where it runs (its vector rounding: 8 outputs at
+    a time), else short_linear."""
+    if vnni(lib) and x.shape[0] and weight.shape[0]:
+        return fused_linear(lib, x, weight, None, threads, cached=False)
+    return short_linear(lib, x, weight, threads)
 
 
 def short_linear(lib, x, weight, threads):
