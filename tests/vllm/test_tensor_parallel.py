@@ -1,0 +1,103 @@
+"""vLLM at tensor_parallel_size=2 with the bitparity plugin reports the trainer's bits (spec 30.8, 31.5): one
+engine for the module, the tiny Qwen3 (GQA: 4 query heads, 2 key/value heads, so one of each per worker) in
+float32, two TP workers (vLLM's multiprocess executor, gloo). Its tokens and log-probs equal bitparity.sample's
+and the patched HF model's in this process (engines.trainer_side), which are TP 1's (test_model.py), bit for bit:
+a batched call with a chunked prompt and a request joining a running one, and a request alone."""
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+
+from bitparity import ops  # noqa: E402
+from bitparity.vllm.model import BitparityQwen3ForCausalLM  # noqa: E402
+
+from .engines import (CONFIGS, MAX_BATCHED_TOKENS, PLUGIN_NAMES, assert_trainer_bits, bits, close,  # noqa: E402
+                      engine, generate, reference, save_checkpoint)
+
+TP = 2
+
+
+def _requests():
+    """A greedy prompt of 100 tokens (over the 64-token step budget: chunked), a seeded temperature and a seeded
+    filtered request, 3 to 9 new tokens (the short one finishes while the others run)."""
+    rng = np.random.Generator(np.random.PCG64(29))
+    settings = [(100, 6, dict(temperature=0.0)), (7, 9, dict(temperature=0.8, seed=5)),
+                (30, 3, dict(temperature=1.0, top_k=40, top_p=0.9, seed=2))]
+    return [(tuple(int(t) for t in rng.integers(0, 512, n)), SamplingParams(max_tokens=steps, logprobs=0, **kind))
+            for n, steps, kind in settings]
+
+
+REQUESTS = _requests()
+assert max(len(p) for p, _ in REQUESTS) > MAX_BATCHED_TOKENS
+
+
+def _worker_shards(model):
+    """What one TP worker holds: (model class, its query rows of layer 0, its lm_head rows)."""
+    return (type(model).__name__, model.model.layers[0].self_attn.q_proj.weight.shape[0],
+            model.lm_head.weight.shape[0])
+
+
+@pytest.fixture(scope="module")
+def tp_engine(tmp_path_factory):
+    # vLLM's CPU worker binds each TP worker's OpenMP threads to its own NUMA node unless told which cores to
+    # use; this machine has one NUMA node, so without the binding TP 2 stops with "Not enough allowed NUMA nodes
+    # to bind threads of 2 local CPUWorkers". One core per worker. A caller's own binding is kept.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    # the workers' RPC carries _worker_shards (a function) only with vLLM's pickle serialisation
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    path = save_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3-tp"))
+    llm = engine(path, "qwen3", "float32", tensor_parallel_size=TP, distributed_executor_backend="mp")
+    yield llm, reference(path, "qwen3", "float32")
+    close(llm)
+
+
+def test_tp2_engine_gives_the_trainer_bits(tp_engine):
+    llm, model = tp_engine
+    # each worker runs the plugin's model on its half of the heads and all 512 vocabulary rows on rank 0 (one
+    # 16384-entry segment: parallel.vocab_shard), none on rank 1
+    assert llm.apply_model(_worker_shards) == [(PLUGIN_NAMES["qwen3"], 2 * 32, 512), (PLUGIN_NAMES["qwen3"], 2 * 32, 0)]
+    batched = generate(llm, REQUESTS)
+    assert_trainer_bits(model, REQUESTS, batched, "raw")
+    alone = generate(llm, [REQUESTS[1]])
+    assert_trainer_bits(model, REQUESTS[1:2], alone, "raw")
+    assert alone[0][0] == batched[1][0] and torch.equal(bits(alone[0][1]), bits(batched[1][1]))
+
+
+def test_negative_control_float_sum_of_tp2_partials_differs(tp_engine):
+    """The comparison above would see a row-parallel layer whose two workers' partial products were added in
+    float (what a float all_reduce does): for this model's down_proj weights and random activations, linear(x, W)
+    differs from linear(x[:, :K/2], W[:, :K/2]) + linear(x[:, K/2:], W[:, K/2:])."""
+    _, model = tp_engine
+    torch.manual_seed(0)
+    weight = model.model.layers[0].mlp.down_proj.weight.detach()
+    x = torch.randn(64, weight.shape[1])
+    half = weight.shape[1] // 2
+    whole = ops.linear(x, weight)
+    partials = ops.linear(x[:, :half], weight[:, :half]) + ops.linear(x[:, half:], weight[:, half:])
+    assert not torch.equal(bits(whole), bits(partials))
+
+
+@pytest.mark.parametrize("parallel, config, match", [
+    (dict(tensor_parallel_size=1, pipeline_parallel_size=2), {}, r"pipeline_parallel_size=2 \(the layers run"),
+    (dict(tensor_parallel_size=2, enable_expert_parallel=True), {}, r"enable_expert_parallel \(experts are replicated"),
+    (dict(tensor_parallel_size=3), {}, r"tensor_parallel_size=3 .*num_attention_heads = 4 is not a multiple"),
+    (dict(tensor_parallel_size=2), dict(tie_word_embeddings=True), r"tensor_parallel_size=2 .*tie_word_embeddings"),
+], ids=["pipeline", "expert-parallel", "heads", "tied"])
+def test_settings_tensor_parallelism_cannot_serve_are_refused(parallel, config, match):
+    """The model refuses, naming the setting, before it builds anything (no engine needed)."""
+    import transformers
+    config_class, _, settings = CONFIGS["qwen3"]
+    parallel = SimpleNamespace(**dict(dict(tensor_parallel_size=1, pipeline_parallel_size=1,
+                                           enable_expert_parallel=False), **parallel))
+    vllm_config = SimpleNamespace(parallel_config=parallel, lora_config=None, speculative_config=None,
+                                  model_config=SimpleNamespace(quantization=None, hf_config=getattr(
+                                      transformers, config_class)(**dict(settings, **config))))
+    with pytest.raises(ValueError, match=match):
+        BitparityQwen3ForCausalLM(vllm_config=vllm_config)
