@@ -154,6 +154,9 @@ def _faults(rank, world):
 
 
 def _rank_checks(rank, world):
+    # One thread per rank: the ranks share the machine's cores, where torch's spinning intra-op threads of several
+    # ranks would compete (measured: 8x the CPU time of one thread on a loaded two-core machine).
+    torch.set_num_threads(1)
     out = {}
     for name, _, _, _, backends in CASES:
         x, tokens, temperature = _case(name)
