@@ -198,6 +198,16 @@ def full(p, grad=False):
     return _assemble(local.detach(), layout)
 
 
+def local_part(p, tensor):
+    """This rank's entries of `tensor`, a single-process tensor of parameter p's shape (a checkpoint's weight, a
+    gathered gradient): what shard_model gave p (exact, no communication); tensor itself where p is unsharded."""
+    layout = getattr(p, _LAYOUT, None)
+    if layout is None:
+        return tensor
+    index = layout.indices[dist.get_rank(layout.group)].to(tensor.device)
+    return tensor.index_select(layout.dim, index).contiguous()
+
+
 def _assemble(local, layout):
     sizes = [len(i) for i in layout.indices]
     pieces = _gather_pieces(local, layout.group, layout.dim, sizes)
@@ -225,11 +235,10 @@ def clip_grad_norm_(params, max_norm, *, backend=None):
         whole = torch.empty(layout.shape, dtype=p.grad.dtype, device=p.grad.device)
         whole.grad = _assemble(p.grad, layout)
         stand_ins.append(whole)
-        sharded.append((p, whole, layout))
+        sharded.append((p, whole))
     norm = optim.clip_grad_norm_(stand_ins, max_norm, backend=backend)
-    for p, whole, layout in sharded:
-        rank, _ = _rank_world(layout.group)
-        p.grad = whole.grad.index_select(layout.dim, layout.indices[rank].to(whole.device)).contiguous()
+    for p, whole in sharded:
+        p.grad = local_part(p, whole.grad)
     return norm
 
 
@@ -363,7 +372,7 @@ def _vocab_parallel_loss(group):
         by parallel.token_logprobs over the TP group, then the same masked mean or sum."""
         if shift_labels is None:
             shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-        rows = logits.reshape(-1, logits.shape[-1])
+        rows = logits.flatten(0, -2)                   # not reshape(-1, V_r): a rank's shard may be empty
         targets = shift_labels.reshape(-1).to(rows.device)
         labelled = targets != ignore_index
         logp = _vocab_token_logprobs(rows, torch.where(labelled, targets, 0), group=group)

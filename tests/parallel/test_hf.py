@@ -1,9 +1,10 @@
 """bitparity.parallel.shard_model and `rl-check --tp/--ep` (spec 31.5) on gloo over 127.0.0.1: a patched Qwen3
 (grouped-query: 4 query heads, 2 key/value heads) and Qwen3-MoE (grouped-query, a dense layer, 8 experts) sharded
 at TP 2, EP 2, TP 2 x EP 2 and TP 4 (where each key/value head is replicated on two ranks) give one process's
-log-probabilities, clipped gradients, gradient norm and weights after an AdamW step, bit for bit; the parent
-computes the single-process update. Negative control: the gradient norm from a float all_reduce of each rank's
-sum of squares (Megatron's clip) is other bits. Bad sharding: the same error on every rank."""
+log-probabilities, loss of forward(labels=...) (vocab-parallel), clipped gradients, gradient norm and weights after
+an AdamW step, bit for bit; the parent computes the single-process step. Negative control: the gradient norm from a
+float all_reduce of each rank's sum of squares (Megatron's clip) is other bits. Bad sharding: the same error on
+every rank."""
 
 import hashlib
 import json
@@ -42,13 +43,15 @@ def _digest(tensors):
 
 
 def _update(name, tp_group=None, ep_group=None, control=None):
-    """One training step of the policy on _batch(): (log-prob bits, gradient norm bits, digest of the clipped
-    gradients gathered whole, weights digest after AdamW). control: a group over which to all_reduce the float
+    """One training step of the policy on _batch(): (log-prob bits, the loss of HF's forward(labels=...), gradient
+    norm bits, digest of the clipped gradients gathered whole, weights digest after AdamW). control: a group over which to all_reduce the float
     sums of squares instead (the negative control's norm, also returned)."""
     policy = hf_policy.HFPolicy(hf_policy.builtin(name), 0, "cpu")
     if tp_group is not None or ep_group is not None:
         parallel_hf.shard_policy(policy, tp_group=tp_group, ep_group=ep_group)
     tokens, lengths = _batch()
+    with torch.no_grad():
+        loss = policy.model(input_ids=tokens, labels=tokens).loss
     logits, _, _, _ = policy.prefill(tokens, lengths)
     logp = parallel_hf.token_logprobs(policy, logits[:, :-1], tokens[:, 1:], temperature=0.7, backend="cpu")
     logp.backward(torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape))
@@ -65,7 +68,8 @@ def _update(name, tp_group=None, ep_group=None, control=None):
     norm = parallel_hf.clip_grad_norm_(params, 1.0, backend="cpu")
     grads = _digest(parallel_hf.full(p, grad=True) for p in params)
     optim.AdamW(params, lr=1e-3, weight_decay=0.0, backend="cpu").step()
-    return {"logp": logp.detach().view(torch.int32).numpy(), "norm": norm.view(torch.int32).item(), "grads": grads,
+    return {"logp": logp.detach().view(torch.int32).numpy(), "loss": loss.view(torch.int32).item(),
+            "norm": norm.view(torch.int32).item(), "grads": grads,
             "weights": weights_digest(policy), "naive": naive}
 
 
@@ -116,7 +120,7 @@ def test_sharded_update_is_one_process(case, four, single):
     ranks = [r for r in four if case in r]
     assert len(ranks) == {"qwen3 tp2": 2, "qwen3_moe ep2": 2}.get(case, 4)
     for got in (r[case] for r in ranks):
-        assert np.array_equal(got["logp"], expected["logp"])
+        assert np.array_equal(got["logp"], expected["logp"]) and got["loss"] == expected["loss"]
         assert got["norm"] == expected["norm"] and got["grads"] == expected["grads"]
         assert got["weights"] == expected["weights"]
 
