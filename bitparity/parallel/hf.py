@@ -5,10 +5,12 @@
 
 - attention: q, k and v projections column-parallel over the TP group by whole heads (rank t holds query heads
   shard_range(H, TP, t) and key/value heads shard_range(Hkv, TP, t), so a grouped key/value head stays with
-  every query head it serves), the heads' attention local, o_proj row-parallel;
+  every query head it serves; where TP is a multiple of Hkv, each key/value head is replicated on the TP / Hkv
+  ranks of its query heads), Qwen3's q/k norms over every head (gathered), the heads' attention local, o_proj
+  row-parallel;
 - dense MLP: gate and up column-parallel (intermediate columns by shard_range), down row-parallel;
-- Qwen3-MoE's sparse blocks: the experts over the EP group (parallel.moe), the block's tokens cut into
-  power-of-two runs of 32-row blocks, one run per EP rank;
+- Qwen3-MoE's sparse blocks: the experts over the EP group (parallel.moe), the block's tokens cut into one even
+  run per EP rank;
 - lm_head: vocab-parallel (rows by vocab_shard), the log-probabilities, sampling and loss by the vocab-parallel
   ops over the TP group;
 - replicated: the embedding, every RMSNorm weight, the router, the value head of a policy.
@@ -268,7 +270,6 @@ class TensorParallelAttention(torch.nn.Module):
         self.owner = rank % replicas == 0
         self.q_slots = Slots.split([heads] * world)
         self.kv_slots = Slots(tuple(r // replicas for r in range(world)), (kv_heads,) * (world // replicas))
-        self.paged = None
 
     def _norm_all_heads(self, t, norm, slots):
         """norm over every head of the model (gathered along the head axis), then this rank's heads again."""
@@ -342,7 +343,7 @@ class ExpertParallelMoe(torch.nn.Module):
         mine = _Take.apply(x, self.group, 0, slots)
         gate, up = self.experts.gate_up_proj.split(self.experts.intermediate_dim, dim=1)
         out = moe(mine, self.gate.weight, gate, up, self.experts.down_proj, self.top_k,
-                           norm_topk_prob=self.norm_topk_prob, group=self.group, backend=self.backend)
+                  norm_topk_prob=self.norm_topk_prob, group=self.group, backend=self.backend)
         return _Gather.apply(out.to(hidden_states.dtype), self.group, 0, slots).reshape(shape)
 
 
@@ -360,7 +361,7 @@ class VocabParallelHead(torch.nn.Module):
             # vocab_shard gives the ranks past the vocabulary's last segment no rows, and column_parallel_linear
             # takes at least one: a zero row, sliced off, adds nothing (spec 24.1: a zero quantises to 0, so its
             # gradient column adds no integer to the exact dx sum) and gets the +0.0 gradient that is dropped.
-            weight = torch.cat([weight, torch.zeros(1, weight.shape[1], device=weight.device)])
+            weight = torch.cat([weight, weight.new_zeros(1, weight.shape[1])])
             return column_parallel_linear(x, weight, group=self.group, backend=self.backend)[..., :0].to(x.dtype)
         return column_parallel_linear(x, weight, group=self.group, backend=self.backend).to(x.dtype)
 
