@@ -8,7 +8,8 @@ backend's exp and sum, the ranks all-gather those few binary32 values (whole val
 runs the combine itself in segment order (reference/canonical.combine_segment_stats, on R x G values). No float
 addition crosses the network, so the result is one process's bits at every world size. Entropy adds one more
 gather, of each segment's sum of terms; sampling gathers the row maximum and invalid flags, the local top-k
-values (top-k's threshold is a count, exact) and each rank's best (score, index).
+values (top-k's threshold is a count, exact), for top-p each bisection probe's segment partials of the kept mass
+above it, and each rank's best (score, index).
 
 Gradients (spec 26.5, 26.6, 26.2): every rank returns the global result, and the gradient w.r.t. its shard is its
 slice of the single-process gradient for the same upstream gradient (which every rank has when the loss is
@@ -411,13 +412,45 @@ def _top_k_threshold(shard, left, top_k):
     return ordered.gather(1, (top_k.clamp(1, ordered.shape[1]) - 1)[:, None])[:, 0]
 
 
+def _order_key(v):
+    """float32 -> int64 keys in binary32's numeric order (-0.0 and +0.0 adjacent, both before 2^-149)."""
+    bits = v.view(torch.int32).to(torch.int64)
+    return torch.where(bits >= 0, bits, -1 - (bits & 0x7FFFFFFF))
+
+
+def _key_value(key):
+    """The inverse of _order_key: int64 keys -> float32."""
+    return torch.where(key >= 0, key, -1 - key - 2 ** 31).to(torch.int32).view(torch.float32)
+
+
+def _top_p_floor(shard, keep, w, u, thr, use):
+    """[R] float32: the smallest value v with A(v) < thr (spec 21), by bisection over binary32's order between -inf
+    (A = the kept mass Z >= thr) and +inf (A = -0.0 < thr). A(v), the canonical sum of the kept u_j with w_j > v,
+    is non-increasing in v, so the keys where it holds are a final segment, and its first value is the smallest
+    kept value that passes: every search finds the same set. Each probe gathers the rows' segment partials of A.
+    Rows not in use take no probe; every rank runs the same probes, decided by the same gathered values."""
+    infinities = torch.tensor([float("-inf"), float("inf")], device=w.device)
+    low_key, high_key = _order_key(infinities).tolist()
+    low = torch.where(use, low_key, high_key - 1)
+    high = torch.full_like(low, high_key)
+    while bool((high - low > 1).any()):
+        active = high - low > 1
+        middle = low + (high - low) // 2
+        v = _key_value(middle)
+        above = torch.where(keep & (w > v[:, None]), u, torch.full_like(u, -0.0))
+        holds = _row_sum(shard, "sample", "top-p's mass above a probe", above) < thr
+        high = torch.where(active & holds, middle, high)
+        low = torch.where(active & ~holds, middle, low)
+    return _key_value(high)
+
+
 def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logprobs="processed",
            group=None, backend=None):
     """bitparity.sample over a vocabulary sharded by vocab_shard (spec 22, 31.3): logits [B, V_r] this rank's shard;
     seeds, positions int64 [B] and every option the same on every rank. Returns (tokens int64 [B] global ids,
     logprobs float32 [B]) on every rank, the single-process bits: temperature (0 = greedy), min_p, top_k and every
-    logprobs kind. top_p < 1 is refused (ValueError): its boundary is a search over the canonical mass above a
-    value, which would need a collective per probe (spec 31.3). Not differentiable."""
+    logprobs kind. top_p < 1 costs a bisection of at most 32 probes, each a gather of the segment partials of the
+    kept mass above the probe (spec 31.3). Not differentiable."""
     options = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "logprobs": logprobs,
                "backend": backend,
                "logits.requires_grad": isinstance(logits, torch.Tensor) and logits.requires_grad}
@@ -431,10 +464,6 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
     ops._check_choice("logprobs", logprobs, ops.LOGPROB_KINDS)
     scale, greedy = ops._row_scales(temperature, _proxy(logits), allow_zero=True)
     top_k, top_p, min_p = ops._filter_params(_proxy(logits), top_k, top_p, min_p)
-    if bool((top_p < 1.0).any()):
-        raise ValueError(f"bitparity.parallel.sample: top_p must be 1 (off) over a sharded vocabulary; got "
-                         f"{float(top_p[top_p < 1.0][0])} (spec 31.3: top-p's boundary is a search over the "
-                         f"canonical kept mass, one collective per probe; filter the gathered logits instead)")
     x = _rows(logits.detach(), shard)
     w = x * scale[:, None]
     # Round 1: the row's invalid flag (a NaN or +inf scaled logit) and its maximum, both order-free.
@@ -453,6 +482,11 @@ def sample(logits, seeds, positions, *, temperature=1.0, top_k=0, top_p=1.0, min
         left = torch.where(keep, w, _NEG_INF)
         tau = _top_k_threshold(shard, left, torch.where(use, top_k, 1))
         keep &= ~use[:, None] | (left >= tau[:, None])
+    use = top_p < 1.0
+    if bool(use.any()):
+        u = torch.where(keep, e, torch.full_like(e, -0.0))
+        thr = top_p * _row_sum(shard, "sample", "top-p's kept mass", u)                 # one rounding
+        keep &= ~use[:, None] | (w >= _top_p_floor(shard, keep, w, u, thr, use)[:, None])
     f = torch.where(keep, w, _NEG_INF)
     # Spec 22: the exponential race (shift is the maximum of w, which every filter keeps); greedy rows race x.
     scores = x

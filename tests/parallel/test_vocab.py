@@ -46,8 +46,10 @@ def _rows(vocab, rows, seed):
 # segments and a short one (at 4 ranks, rank 3 holds nothing), and Qwen3's 151936 (10 segments, the last short).
 CASES = [("small", 1000, 5, 1.0, BACKENDS), ("segments", 3 * S + 300, 5, 0.7, BACKENDS),
          ("qwen3", 151936, 2, 1.0, ("cpu",))]
-# (temperature, top_k, min_p, logprobs) per sample call; "rows" is one temperature per row, the first 0 (greedy).
-SAMPLING = [(1.3, 0, 0.0, "raw"), (0.7, 50, 0.05, "processed"), ("rows", 3, 0.1, "scaled")]
+# (temperature, top_k, top_p, min_p, logprobs) per sample call; "rows" is one temperature per row, the first 0
+# (greedy). The interpreted and emulated backends run the last, unfiltered one; the others the first three.
+SAMPLING = [(1.3, 0, 0.9, 0.0, "processed"), (0.7, 50, 1.0, 0.05, "processed"), ("rows", 3, 0.5, 0.1, "scaled"),
+            (1.3, 0, 1.0, 0.0, "raw")]
 
 
 def _temperature(t, rows):
@@ -78,10 +80,10 @@ def _softmax_ops(x, tokens, temperature, backend, grad, op):
     return out
 
 
-def _samples(x, backend, sample):
+def _samples(x, backend, sample, calls=SAMPLING[:3]):
     seeds, positions = _seeds(x.shape[0])
-    return [sample(x, seeds, positions, temperature=_temperature(t, x.shape[0]), top_k=k, min_p=p, logprobs=kind,
-                   backend=backend) for t, k, p, kind in SAMPLING]
+    return [sample(x, seeds, positions, temperature=_temperature(t, x.shape[0]), top_k=k, top_p=p, min_p=m,
+                   logprobs=kind, backend=backend) for t, k, p, m, kind in calls]
 
 
 class _Parallel:
@@ -148,7 +150,7 @@ def _faults(rank, world):
                                                          (rank + 1) * (x.shape[1] // world)])),
         "tokens differ": outcome(lambda: parallel.token_logprobs(mine, other_tokens)),
         "temperature differs": outcome(lambda: parallel.entropy(mine, temperature=1.0 + (rank == world - 1))),
-        "top_p": outcome(lambda: parallel.sample(mine, seeds, positions, top_p=0.9)),
+        "seeds differ": outcome(lambda: parallel.sample(mine, seeds + (rank == world - 1), positions)),
         "token range": outcome(lambda: parallel.token_logprobs(mine, tokens + x.shape[1])),
     }
 
@@ -169,7 +171,7 @@ def _rank_checks(rank, world):
         mine = _shard(x, world, rank)
         for backend in ("cuda", "ascend"):
             out["two segments", backend] = (_softmax_ops(mine, tokens, 0.8, backend, GRAD, _Parallel),
-                                            _samples(mine, backend, parallel.sample)[:1])
+                                            _samples(mine, backend, parallel.sample, SAMPLING[3:]))
         out["control"] = _megatron_logsumexp(_control_rows())
         out["control, vocab-parallel"] = parallel.logsumexp(_shard(_control_rows(), world, rank), backend="cpu")
     if world > 1:
@@ -184,7 +186,7 @@ def _single(name, backend):
 
 def _single_two_segments(backend):
     x, tokens = _rows(S + 200, 2, seed=3)
-    return _softmax_ops(x, tokens, 0.8, backend, GRAD, _One), _samples(x, backend, bitparity.sample)[:1]
+    return _softmax_ops(x, tokens, 0.8, backend, GRAD, _One), _samples(x, backend, bitparity.sample, SAMPLING[3:])
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +225,8 @@ def _check(world, got, single, what):
               f"{what}: {op}'s gradient")
     for i, (tokens, logprobs) in enumerate(samples_one):
         for rank in range(world):
-            _same(got[rank][1][i][0], tokens, f"{what}: sample {SAMPLING[i]} tokens on rank {rank}")
-            _same(got[rank][1][i][1], logprobs, f"{what}: sample {SAMPLING[i]} logprobs on rank {rank}")
+            _same(got[rank][1][i][0], tokens, f"{what}: sample call {i}'s tokens on rank {rank}")
+            _same(got[rank][1][i][1], logprobs, f"{what}: sample call {i}'s logprobs on rank {rank}")
 
 
 @pytest.mark.parametrize("case, backend", [(c[0], b) for c in CASES for b in c[4]])
@@ -262,7 +264,7 @@ def test_bad_arguments_give_the_same_error_on_every_rank(worlds, size):
                 "even split": ("ValueError", "must hold vocab_shard("),
                 "tokens differ": ("ValueError", "tokens must be the same on every rank"),
                 "temperature differs": ("ValueError", "temperature must be the same on every rank"),
-                "top_p": ("ValueError", "top_p must be 1 (off) over a sharded vocabulary"),
+                "seeds differ": ("ValueError", "seeds must be the same on every rank"),
                 "token range": ("ValueError", "tokens must lie in [0, ")}
     for name, (kind, fragment) in expected.items():
         assert faults[0][name][0] == kind and fragment in faults[0][name][1], (name, faults[0][name])
