@@ -104,10 +104,10 @@ def _check_logits(op, table, dims):
             raise ValueError(f"{where} on rank {rank} must hold data; got a tensor on the meta device")
         if dtype not in map(str, ops._FLOAT_DTYPES):
             raise TypeError(f"{where} on rank {rank} must be float32, bfloat16 or float16; got {dtype}")
-        if len(shape) < dims[0] or len(shape) > dims[1]:
-            wanted = f"{dims[0]}" if dims[0] == dims[1] else f"at least {dims[0]}"
-            raise ValueError(f"{where} on rank {rank} must have {wanted} dimension(s) [..., V_r] (this rank's "
-                             f"vocabulary shard last); got shape {shape}")
+        if len(shape) < dims[0] or (dims[1] is not None and len(shape) > dims[1]):
+            wanted = "2 dimensions [B, V_r]" if dims[0] == dims[1] else f"at least {dims[0]} dimension [..., V_r]"
+            raise ValueError(f"{where} on rank {rank} must have {wanted} (this rank's vocabulary shard last); got "
+                             f"shape {shape}")
     first = table[0][0]
     for rank, entry in enumerate(table[1:], 1):
         if (entry[0][1], entry[0][2][:-1], entry[0][3]) != (first[1], first[2][:-1], first[3]):
@@ -129,7 +129,7 @@ def _check_logits(op, table, dims):
     return vocab
 
 
-def _prepare(op, group, logits, replicated, options, dims=(1, 64)):
+def _prepare(op, group, logits, replicated, options, dims=(1, None)):
     """Exchange every rank's description of its arguments, check them the same way on every rank, and return the
     _Shard. replicated: tensors every rank must pass identically (tokens, seeds, positions); options: the other
     arguments (tensors compared by their bytes, the rest by repr)."""
