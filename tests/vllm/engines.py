@@ -40,13 +40,14 @@ def use_test_environment(cache_root):
     os.environ["VLLM_CACHE_ROOT"] = str(cache_root)
 
 
-def save_checkpoint(kind, path, seed=0):
-    """A tiny random HF checkpoint (float32 safetensors, no tokenizer) of CONFIGS[kind] in path."""
+def save_checkpoint(kind, path, seed=0, **overrides):
+    """A tiny random HF checkpoint (float32 safetensors, no tokenizer) of CONFIGS[kind], with `overrides` of its
+    config fields, in path."""
     import transformers
     config_class, model_class, settings = CONFIGS[kind]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**dict(settings, **overrides)))
     model.save_pretrained(path)
     return str(path)
 

@@ -1,8 +1,10 @@
 """vLLM at tensor_parallel_size=2 with the bitparity plugin reports the trainer's bits (spec 30.8, 31.5): one
 engine for the module, the tiny Qwen3 (GQA: 4 query heads, 2 key/value heads, so one of each per worker) in
-float32, two TP workers (vLLM's multiprocess executor, gloo). Its tokens and log-probs equal bitparity.sample's
-and the patched HF model's in this process (engines.trainer_side), which are TP 1's (test_model.py), bit for bit:
-a batched call with a chunked prompt and a request joining a running one, and a request alone."""
+float32, with a vocabulary of 20000 (two §3 segments: 16384 rows of lm_head on rank 0, 3616 on rank 1), two TP
+workers (vLLM's multiprocess executor, gloo). Its tokens and log-probs equal bitparity.sample's and the patched HF
+model's in this process (engines.trainer_side), which are TP 1's (test_model.py), bit for bit: a batched call
+with a chunked prompt and a request joining a running one (tokens drawn from both workers' segments), and a
+request alone."""
 
 import os
 from types import SimpleNamespace
@@ -22,6 +24,7 @@ from .engines import (CONFIGS, MAX_BATCHED_TOKENS, PLUGIN_NAMES, assert_trainer_
                       engine, generate, reference, save_checkpoint)
 
 TP = 2
+VOCAB = 20000           # two 16384-entry segments (parallel.vocab_shard): both workers hold logits to gather
 
 
 def _requests():
@@ -30,7 +33,7 @@ def _requests():
     rng = np.random.Generator(np.random.PCG64(29))
     settings = [(100, 6, dict(temperature=0.0)), (7, 9, dict(temperature=0.8, seed=5)),
                 (30, 3, dict(temperature=1.0, top_k=40, top_p=0.9, seed=2))]
-    return [(tuple(int(t) for t in rng.integers(0, 512, n)), SamplingParams(max_tokens=steps, logprobs=0, **kind))
+    return [(tuple(int(t) for t in rng.integers(0, VOCAB, n)), SamplingParams(max_tokens=steps, logprobs=0, **kind))
             for n, steps, kind in settings]
 
 
@@ -52,7 +55,7 @@ def tp_engine(tmp_path_factory):
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     # the workers' RPC carries _worker_shards (a function) only with vLLM's pickle serialisation
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    path = save_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3-tp"))
+    path = save_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3-tp"), vocab_size=VOCAB)
     llm = engine(path, "qwen3", "float32", tensor_parallel_size=TP, distributed_executor_backend="mp")
     yield llm, reference(path, "qwen3", "float32")
     close(llm)
@@ -60,11 +63,12 @@ def tp_engine(tmp_path_factory):
 
 def test_tp2_engine_gives_the_trainer_bits(tp_engine):
     llm, model = tp_engine
-    # each worker runs the plugin's model on its half of the heads and all 512 vocabulary rows on rank 0 (one
-    # 16384-entry segment: parallel.vocab_shard), none on rank 1
-    assert llm.apply_model(_worker_shards) == [(PLUGIN_NAMES["qwen3"], 2 * 32, 512), (PLUGIN_NAMES["qwen3"], 2 * 32, 0)]
+    # each worker runs the plugin's model on its half of the heads and its vocabulary segment
+    assert llm.apply_model(_worker_shards) == [(PLUGIN_NAMES["qwen3"], 2 * 32, 16384),
+                                               (PLUGIN_NAMES["qwen3"], 2 * 32, VOCAB - 16384)]
     batched = generate(llm, REQUESTS)
     assert_trainer_bits(model, REQUESTS, batched, "raw")
+    assert {t >= 16384 for tokens, _, _ in batched for t in tokens} == {False, True}, "tokens of both segments"
     alone = generate(llm, [REQUESTS[1]])
     assert_trainer_bits(model, REQUESTS[1:2], alone, "raw")
     assert alone[0][0] == batched[1][0] and torch.equal(bits(alone[0][1]), bits(batched[1][1]))
