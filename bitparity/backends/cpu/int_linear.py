@@ -1,7 +1,9 @@
-"""linear (spec 24.1) on the `cpu` backend: linear.c quantises the rows into balanced int8 digit slices (five
-for x's 39 bits, four for the weight's 29) and rounds the exact sum once; between them, the 20 slice products
-are one int8 GEMM: torch._int_mm (oneDNN; VNNI on this machine) where a probe at first use proved it exact on
-the running CPU, else linear.c's bp_int8_gemm.
+"""linear (spec 24.1) on the `cpu` backend: linear.c quantises the rows into int8 digit slices (five for x's 39
+bits, four for the weight's 29) and rounds the exact sum once. Where the CPU has AVX-512 VNNI, one C call
+(bp_linear_fused) forms the 20 slice products in registers and rounds each output in the same pass (fused_linear;
+the weight's digit panels cached in WEIGHTS). Elsewhere the 20 slice products are one int8 GEMM: torch._int_mm
+(oneDNN) where a probe at first use proved it exact on the running CPU, else linear.c's bp_int8_gemm, and
+bp_linear_round rounds their int32 partials. All three are exact integer sums: the same bits.
 
 oneDNN's exactness depends on the ISA it dispatches to: without VNNI its u8 x s8 pair sums saturate at int16
 (127 * 127 * 2 gives 255), so every process proves it again (docs/benchmarks.md, notes on issue 24).

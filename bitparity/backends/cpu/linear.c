@@ -400,15 +400,15 @@ struct fused_job {
 #define FUSED_ZERO(a) \
     __m512i a##0 = _mm512_setzero_si512(), a##1 = a##0, a##2 = a##0, a##3 = a##0, a##4 = a##0, a##5 = a##0, \
             a##6 = a##0, a##7 = a##0
-/* t[r][d] += the int32 lanes of accumulator d. */
+/* t[r][d] += the int32 lanes of accumulator d, sign-extended to int64. */
 #define FUSED_FLUSH(a, r) \
     do { \
         const __m512i flushed[FUSED_D] = {a##0, a##1, a##2, a##3, a##4, a##5, a##6, a##7}; \
         for (int d = 0; d < FUSED_D; d++) { \
-            int32_t lanes[FUSED_COLS]; \
-            _mm512_storeu_si512(lanes, flushed[d]); \
-            for (int l = 0; l < FUSED_COLS; l++) \
-                t[r][d][l] += lanes[l]; \
+            const __m512i low = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(flushed[d])); \
+            const __m512i high = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(flushed[d], 1)); \
+            _mm512_storeu_si512(&t[r][d][0], _mm512_add_epi64(_mm512_loadu_si512(&t[r][d][0]), low)); \
+            _mm512_storeu_si512(&t[r][d][8], _mm512_add_epi64(_mm512_loadu_si512(&t[r][d][8]), high)); \
         } \
     } while (0)
 
@@ -511,6 +511,10 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
         const int64_t col0 = panel * FUSED_COLS, cols = c->n - col0 < FUSED_COLS ? c->n - col0 : FUSED_COLS;
         int32_t ew[FUSED_COLS] = {0};                       /* the panel's exponents, 0 past n */
         memcpy(ew, c->ew + col0, (size_t)cols * sizeof *ew);
+        const __mmask16 stored = (__mmask16)((1u << cols) - 1);
+        int panel_finite = 1;
+        for (int64_t l = 0; l < cols; l++)
+            panel_finite &= c->w_finite[col0 + l];
         for (int64_t row = first; row < last; row += FUSED_ROWS) {
             const int R = last - row < FUSED_ROWS ? (int)(last - row) : FUSED_ROWS;
             if (R == 3)
@@ -522,6 +526,14 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
             for (int r = 0; r < R; r++) {
                 const int64_t m = row + r;
                 float y[FUSED_COLS];
+                if (vector && panel_finite && c->x_finite[m]) {     /* every pair finite: y + bias, 16 at once */
+                    __m512 y16 = _mm512_insertf32x8(_mm512_castps256_ps512(fused_round_eight(c, t[r], 0, m, ew)),
+                                                    fused_round_eight(c, t[r], 8, m, ew), 1);
+                    if (c->bias)
+                        y16 = _mm512_add_ps(y16, _mm512_maskz_loadu_ps(stored, c->bias + col0));
+                    _mm512_mask_storeu_ps(c->out + m * c->n + col0, stored, y16);
+                    continue;
+                }
                 if (vector) {
                     _mm256_storeu_ps(y, fused_round_eight(c, t[r], 0, m, ew));
                     _mm256_storeu_ps(y + 8, fused_round_eight(c, t[r], 8, m, ew));
