@@ -103,7 +103,7 @@ class _PatchedCausalLM(torch.nn.Module):
         """input_ids [T] (or inputs_embeds [T, D]) and positions [T] of every scheduled token of the step ->
         hidden states [T, D] after the final norm."""
         if intermediate_tensors is not None:
-            raise ValueError("bitparity's vLLM model runs whole in one worker (no pipeline parallelism)")
+            raise ValueError("bitparity's vLLM model runs every layer in each worker (no pipeline parallelism)")
         sampler.record_step()
         h = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         h = h[None]
