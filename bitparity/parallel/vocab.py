@@ -21,6 +21,7 @@ of their arguments (bitparity.distributed._exchange) and check every rank's in o
 
 import hashlib
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -36,11 +37,11 @@ _NEG_INF = float("-inf")
 
 
 def _positive(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer; got {type(value).__name__}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}; got {value}")
-    return value
+    return int(value)
 
 
 def vocab_shard(vocab_size, world_size, rank):
@@ -48,9 +49,9 @@ def vocab_shard(vocab_size, world_size, rank):
     G = ceil(vocab_size / SEGMENT) segments split contiguously in rank order, the first G mod world_size ranks
     holding one segment more (torch.tensor_split's rule). The last segment may be short; no padding is needed;
     ranks past the G-th hold nothing (an empty range). Shard lm_head's rows, and pass the logits, by this rule."""
-    _positive("vocab_size", vocab_size, 1)
-    _positive("world_size", world_size, 1)
-    _positive("rank", rank, 0)
+    vocab_size = _positive("vocab_size", vocab_size, 1)
+    world_size = _positive("world_size", world_size, 1)
+    rank = _positive("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank must be < world_size = {world_size}; got {rank}")
     segments = -(-vocab_size // spec.SEGMENT)
