@@ -578,17 +578,3 @@ def process_groups(tp, ep):
 def _other(coord, axis):
     d, e, t = coord
     return {"dp": (e, t), "tp": (d, e), "ep": (d, t)}[axis]
-
-
-def local_part(p, tensor):
-    """This rank's entries of `tensor`, the single-process value of parameter p (a checkpoint tensor: a weight
-    load, an RL weight sync), by p's layout; `tensor` itself where p is not sharded. Local, no collective: the
-    inverse of `full` on one rank (bitparity.vllm's load_weights at tensor_parallel_size > 1)."""
-    layout = getattr(p, _LAYOUT, None)
-    if layout is None:
-        return tensor
-    if tuple(tensor.shape) != layout.shape:
-        raise ValueError(f"bitparity.parallel.local_part: tensor {tuple(tensor.shape)} for a parameter whose "
-                         f"single-process shape is {layout.shape}")
-    rank, _ = _rank_world(layout.group)
-    return tensor.index_select(layout.dim, layout.indices[rank].to(tensor.device))
