@@ -159,6 +159,8 @@ def vnni(lib):
 PANEL_ROWS = 16
 # Rows of x whose packed digits (5 bytes per k) a work item keeps in cache while the weight's panels pass.
 BLOCK_BYTES = 192 << 10
+# Bytes past k's quads in each of x's digit rows, so that no row stride is a multiple of 4096 (linear.c).
+X_PAD = 64
 
 
 def pack_weight(lib, weight, threads):
@@ -181,18 +183,18 @@ def fused_linear(lib, x, weight, bias, threads, cached=True):
     (packed afresh without `cached`), and one call that forms and rounds each S in registers (no partials in
     memory)."""
     (m, k), n = x.shape, weight.shape[0]
-    kp = -(-k // 4) * 4
+    ld = -(-k // 4) * 4 + X_PAD
     packed_w, ew, w_finite = (WEIGHTS.quantised(lib, weight, threads, pack_weight) if cached
                               else pack_weight(lib, weight, threads))
-    packed_x = torch.empty((m, X_SLICES, kp), dtype=torch.int8)
+    packed_x = torch.empty((m, X_SLICES, ld), dtype=torch.int8)
     qsum = torch.empty(m, dtype=torch.int64)
     ex = torch.empty(m, dtype=torch.int32)
     x_finite = torch.empty(m, dtype=torch.uint8)
-    lib.bp_linear_pack_x(x.data_ptr(), m, k, kp, spec.LINEAR_BX, packed_x.data_ptr(), qsum.data_ptr(), ex.data_ptr(),
+    lib.bp_linear_pack_x(x.data_ptr(), m, k, ld, spec.LINEAR_BX, packed_x.data_ptr(), qsum.data_ptr(), ex.data_ptr(),
                          x_finite.data_ptr(), threads)
     out = torch.empty((m, n), dtype=torch.float32)
-    block_rows = max(3, BLOCK_BYTES // (X_SLICES * kp) // 3 * 3)
-    lib.bp_linear_fused(packed_x.data_ptr(), packed_w.data_ptr(), qsum.data_ptr(), m, n, k, kp, block_rows,
+    block_rows = max(3, BLOCK_BYTES // (X_SLICES * ld) // 3 * 3)
+    lib.bp_linear_fused(packed_x.data_ptr(), packed_w.data_ptr(), qsum.data_ptr(), m, n, k, ld, block_rows,
                         spec.LINEAR_BW, ex.data_ptr(), ew.data_ptr(), x_finite.data_ptr(), w_finite.data_ptr(),
                         x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), _OFFSET,
                         out.data_ptr(), threads)
@@ -269,11 +271,11 @@ def quantise_q(lib, v, bits, threads):
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
     "bp_linear_vnni": ([], _INT),
-    # x, rows, k, kp, bits, packed, qsum, exponent, finite, threads
+    # x, rows, k, ld, bits, packed, qsum, exponent, finite, threads
     "bp_linear_pack_x": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _INT], None),
     # w, n, k, kp, bits, packed, exponent, finite, threads
     "bp_linear_pack_w": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _INT], None),
-    # xp, wp, qsum, m, n, k, kp, block_rows, bits_w, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
+    # xp, wp, qsum, m, n, k, ld, block_rows, bits_w, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
     "bp_linear_fused": ([_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT],
                         None),
     # v, rows, k, bits, slices, digits, exponent, finite, threads

@@ -252,8 +252,10 @@ void bp_linear_round_f64(const double *high, const double *low, int64_t m, int64
  * The same S without the 20 int32 partial planes in memory: one pass per 16 weight rows and 3 x rows computes all
  * twenty slice products in registers, sums each digit weight's pairs, and rounds.
  *
- *   bp_linear_pack_x  x's rows as five balanced int8 digits, as bp_linear_quantise's, stored [rows][5][kp] with k
- *                     padded to kp, a multiple of 4, by zeros, and each row's sum_k Q (int64);
+ *   bp_linear_pack_x  x's rows as five balanced int8 digits, as bp_linear_quantise's, stored [rows][5][ld] with k
+ *                     padded to ld by zeros, and each row's sum_k Q (int64).  ld, a multiple of 4, is k rounded
+ *                     up plus 64 bytes: at a multiple of 4096 bytes the kernel's 15 digit streams would share one
+ *                     L1 set (the 1.8x slowdown measured at k = 4096);
  *   bp_linear_pack_w  the weight's rows as U = Q + 2^(B-1) in [0, 2^B], four unsigned base-256 digits (B <= 31), in
  *                     VNNI panels: [n/16][kp/4][4 slices][16 rows][4 k], padding zero;
  *   bp_linear_fused   VPDPBUSD multiplies 4 unsigned weight digits by 4 signed x digits (broadcast from memory) and
@@ -292,35 +294,35 @@ struct pack_job {
 static void pack_x_span(const void *ctx, int64_t begin, int64_t end)
 {
     const struct pack_job *c = ctx;
-    const int64_t k = c->k, kp = c->kp;
+    const int64_t k = c->k, ld = c->kp;
     for (int64_t r = begin; r < end; r++) {
         const float *row = c->v + r * k;
         int32_t finite;
         int e_row = row_exponent(row, k, &finite);
-        int8_t *d = (int8_t *)c->packed + r * FUSED_SX * kp;
+        int8_t *d = (int8_t *)c->packed + r * FUSED_SX * ld;
         int64_t sum = 0;
         for (int64_t i = 0; i < k; i++) {
             int64_t v = quantised(row[i], c->bits, e_row, finite);
             sum += v;
             for (int sl = 0; sl < FUSED_SX; sl++) {                     /* balanced base-256 digits */
                 int64_t digit = ((v + 128) & 255) - 128;
-                d[sl * kp + i] = (int8_t)digit;
+                d[sl * ld + i] = (int8_t)digit;
                 v = (v - digit) >> 8;
             }
         }
         for (int sl = 0; sl < FUSED_SX; sl++)
-            memset(d + sl * kp + k, 0, (size_t)(kp - k));
+            memset(d + sl * ld + k, 0, (size_t)(ld - k));
         c->qsum[r] = sum;
         c->exponent[r] = e_row;
         c->finite[r] = (uint8_t)finite;
     }
 }
 
-/* x [rows, k] -> packed int8 [rows][5][kp], qsum int64 [rows] = sum_k Q, exponent, finite; bits <= 39. */
-void bp_linear_pack_x(const float *x, int64_t rows, int64_t k, int64_t kp, int bits, int8_t *packed, int64_t *qsum,
+/* x [rows, k] -> packed int8 [rows][5][ld], qsum int64 [rows] = sum_k Q, exponent, finite; bits <= 39. */
+void bp_linear_pack_x(const float *x, int64_t rows, int64_t k, int64_t ld, int bits, int8_t *packed, int64_t *qsum,
                       int32_t *exponent, uint8_t *finite, int nthreads)
 {
-    const struct pack_job c = {x, k, kp, rows, bits, packed, qsum, exponent, finite};
+    const struct pack_job c = {x, k, ld, rows, bits, packed, qsum, exponent, finite};
     bp_parallel_for(pack_x_span, &c, rows, nthreads);
 }
 
@@ -365,7 +367,7 @@ struct fused_job {
     const int8_t *xp;
     const uint8_t *wp;
     const int64_t *qsum;            /* per x row */
-    int64_t m, n, k, kp, panels, block_rows;
+    int64_t m, n, k, ld, panels, block_rows;       /* ld: x's digit stride */
     int bits_w;
     const int32_t *ex, *ew;
     const uint8_t *x_finite, *w_finite;
@@ -388,14 +390,14 @@ struct fused_job {
         DPBUSD_BROADCAST(A, w0, p); DPBUSD_BROADCAST(B, w1, p); \
         DPBUSD_BROADCAST(C, w2, p); DPBUSD_BROADCAST(D, w3, p); \
     } while (0)
-/* All twenty pairs of one row: a0 .. a7 are its accumulators, p its digit 0 at this k-quad (digit i at p + i kp). */
+/* All twenty pairs of one row: a0 .. a7 are its accumulators, p its digit 0 at this k-quad (digit i at p + i ld). */
 #define FUSED_ROW(a, p) \
     do { \
         FUSED_DIGIT(a##0, a##1, a##2, a##3, (p)); \
-        FUSED_DIGIT(a##1, a##2, a##3, a##4, (p) + kp); \
-        FUSED_DIGIT(a##2, a##3, a##4, a##5, (p) + 2 * kp); \
-        FUSED_DIGIT(a##3, a##4, a##5, a##6, (p) + 3 * kp); \
-        FUSED_DIGIT(a##4, a##5, a##6, a##7, (p) + 4 * kp); \
+        FUSED_DIGIT(a##1, a##2, a##3, a##4, (p) + ld); \
+        FUSED_DIGIT(a##2, a##3, a##4, a##5, (p) + 2 * ld); \
+        FUSED_DIGIT(a##3, a##4, a##5, a##6, (p) + 3 * ld); \
+        FUSED_DIGIT(a##4, a##5, a##6, a##7, (p) + 4 * ld); \
     } while (0)
 #define FUSED_ZERO(a) \
     __m512i a##0 = _mm512_setzero_si512(), a##1 = a##0, a##2 = a##0, a##3 = a##0, a##4 = a##0, a##5 = a##0, \
@@ -418,9 +420,9 @@ struct fused_job {
 FUSED_TARGET ALWAYS_INLINE void fused_tile(const struct fused_job *c, int64_t row, int64_t panel, int R,
                                            int64_t t[FUSED_ROWS][FUSED_D][FUSED_COLS])
 {
-    const int64_t kp = c->kp, kq = kp / 4;
+    const int64_t ld = c->ld, kq = (c->k + 3) / 4;
     const uint8_t *wp = c->wp + panel * kq * FUSED_SW * FUSED_COLS * 4;
-    const int8_t *xp = c->xp + row * FUSED_SX * kp;
+    const int8_t *xp = c->xp + row * FUSED_SX * ld;
     for (int r = 0; r < R; r++)
         for (int d = 0; d < FUSED_D; d++)
             for (int l = 0; l < FUSED_COLS; l++)
@@ -437,9 +439,9 @@ FUSED_TARGET ALWAYS_INLINE void fused_tile(const struct fused_job *c, int64_t ro
             const int8_t *x0 = xp + 4 * q;
             FUSED_ROW(a, x0);
             if (R > 1)
-                FUSED_ROW(b, x0 + FUSED_SX * kp);
+                FUSED_ROW(b, x0 + FUSED_SX * ld);
             if (R > 2)
-                FUSED_ROW(e, x0 + 2 * FUSED_SX * kp);
+                FUSED_ROW(e, x0 + 2 * FUSED_SX * ld);
         }
         FUSED_FLUSH(a, 0);
         if (R > 1)
@@ -556,12 +558,12 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
  * x [m, k] and w [n, k] are read only for pairs with a non-finite row.  Work items: blocks of block_rows x rows (held in
  * cache while the weight's panels stream past them) times panels.  Only where bp_linear_vnni() holds. */
 void bp_linear_fused(const int8_t *xp, const uint8_t *wp, const int64_t *qsum, int64_t m, int64_t n, int64_t k,
-                     int64_t kp, int64_t block_rows, int bits_w, const int32_t *ex, const int32_t *ew,
+                     int64_t ld, int64_t block_rows, int bits_w, const int32_t *ex, const int32_t *ew,
                      const uint8_t *x_finite, const uint8_t *w_finite, const float *x, const float *w,
                      const float *bias, int offset, float *out, int nthreads)
 {
     const int64_t panels = (n + FUSED_COLS - 1) / FUSED_COLS, blocks = (m + block_rows - 1) / block_rows;
-    const struct fused_job c = {xp, wp, qsum, m, n, k, kp, panels, block_rows, bits_w, ex, ew, x_finite, w_finite,
+    const struct fused_job c = {xp, wp, qsum, m, n, k, ld, panels, block_rows, bits_w, ex, ew, x_finite, w_finite,
                                 x, w, bias, offset, out};
     bp_parallel_for(fused_span, &c, blocks * panels, nthreads);
 }
