@@ -193,7 +193,9 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, tp
     with tp or ep > 1 the HF model sharded over this rank's TP and EP groups (spec 31.5), the data-parallel
     group being the ranks that hold the same shards."""
     import datetime
+    import os
 
+    import torch
     import torch.distributed as dist
 
     from .. import optim
@@ -203,6 +205,9 @@ def _rank_train(rank, world, port, backend, seed, steps, micro_batch, config, tp
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    # The ranks share this machine's cores: torch's intra-op threads of every rank spinning on all of them would
+    # compete (no bit depends on the thread count).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         update = UpdateSettings(micro_batch=micro_batch)
         dp_group, tp_group, ep_group = parallel_hf.process_groups(tp, ep)

@@ -87,6 +87,7 @@ def _meta_model(**changes):
 
 def _four_ranks(rank, size):
     """Every check on one world of 4 ranks (spawning a world costs seconds per rank)."""
+    torch.set_num_threads(1)          # the ranks share the cores: several ranks' spinning intra-op threads compete
     out = {}
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]           # every rank creates every group, in order
     if rank < 2:
