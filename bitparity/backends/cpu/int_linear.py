@@ -179,36 +179,30 @@ def pack_weight(lib, weight, threads):
 
 
 def fused_linear(lib, x, weight, bias, threads, cached=True):
-    """linear by linear.c's fused kernel: x's digits packed, the weight's panels (unsigned digits) from WEIGHTS
-    (packed afresh without `cached`), and one call that forms and rounds each S in registers (no partials in
-    memory)."""
+    """linear by linear.c's fused kernel: one call that packs x's digits, forms each S in registers (no partials
+    in memory) and rounds it, against the weight's panels (unsigned digits) from WEIGHTS (packed afresh without
+    `cached`)."""
     (m, k), n = x.shape, weight.shape[0]
     ld = -(-k // 4) * 4 + X_PAD
     packed_w, ew, w_finite = (WEIGHTS.quantised(lib, weight, threads, pack_weight) if cached
                               else pack_weight(lib, weight, threads))
-    packed_x = torch.empty((m, X_SLICES, ld), dtype=torch.int8)
-    qsum = torch.empty(m, dtype=torch.int64)
-    ex = torch.empty(m, dtype=torch.int32)
-    x_finite = torch.empty(m, dtype=torch.uint8)
-    lib.bp_linear_pack_x(x.data_ptr(), m, k, ld, spec.LINEAR_BX, packed_x.data_ptr(), qsum.data_ptr(), ex.data_ptr(),
-                         x_finite.data_ptr(), threads)
     out = torch.empty((m, n), dtype=torch.float32)
     block_rows = max(3, BLOCK_BYTES // (X_SLICES * ld) // 3 * 3)
-    lib.bp_linear_fused(packed_x.data_ptr(), packed_w.data_ptr(), qsum.data_ptr(), m, n, k, ld, block_rows,
-                        spec.LINEAR_BW, ex.data_ptr(), ew.data_ptr(), x_finite.data_ptr(), w_finite.data_ptr(),
-                        x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), _OFFSET,
-                        out.data_ptr(), threads)
+    if lib.bp_linear_fused(x.data_ptr(), packed_w.data_ptr(), m, n, k, ld, block_rows, spec.LINEAR_BX, spec.LINEAR_BW,
+                           ew.data_ptr(), w_finite.data_ptr(), weight.data_ptr(),
+                           None if bias is None else bias.data_ptr(), _OFFSET, out.data_ptr(), threads):
+        raise MemoryError("cpu linear: could not allocate the digits of x")
     return out
 
 
 def linear(lib, x, weight, bias, threads):
     """Spec 24.1's y [M, N] for dense float32 x [M, K], weight [N, K], bias [N] or None."""
     (m, k), n = x.shape, weight.shape[0]
+    if m and n and vnni(lib):
+        return fused_linear(lib, x, weight, bias, threads)
     out = torch.empty((m, n), dtype=torch.float32)
     if m == 0 or n == 0:
         return out
-    if vnni(lib):
-        return fused_linear(lib, x, weight, bias, threads)
     w_digits, ew, w_finite = WEIGHTS.quantised(lib, weight, threads)
     w_slices = w_digits.reshape(W_SLICES * n, k)
     rows = max(-(-INT_MM_MIN_ROWS // X_SLICES), PARTIAL_BYTES // (4 * X_SLICES * W_SLICES * n))
@@ -271,13 +265,10 @@ def quantise_q(lib, v, bits, threads):
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
     "bp_linear_vnni": ([], _INT),
-    # x, rows, k, ld, bits, packed, qsum, exponent, finite, threads
-    "bp_linear_pack_x": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _INT], None),
     # w, n, k, kp, bits, packed, exponent, finite, threads
     "bp_linear_pack_w": ([_P, _I64, _I64, _I64, _INT, _P, _P, _P, _INT], None),
-    # xp, wp, qsum, m, n, k, ld, block_rows, bits_w, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads
-    "bp_linear_fused": ([_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _P, _P, _P, _INT, _P, _INT],
-                        None),
+    # x, wp, m, n, k, ld, block_rows, bits_x, bits_w, ew, w_finite, w, bias, offset, out, threads
+    "bp_linear_fused": ([_P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _P, _INT, _P, _INT], _INT),
     # v, rows, k, bits, slices, digits, exponent, finite, threads
     "bp_linear_quantise": ([_P, _I64, _I64, _INT, _INT, _P, _P, _P, _INT], None),
     # partials, chunks, m, n, k, sx, sw, ex, ew, x_finite, w_finite, x, w, bias, offset, out, threads

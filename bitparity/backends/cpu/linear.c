@@ -252,7 +252,7 @@ void bp_linear_round_f64(const double *high, const double *low, int64_t m, int64
  * The same S without the 20 int32 partial planes in memory: one pass per 16 weight rows and 3 x rows computes all
  * twenty slice products in registers, sums each digit weight's pairs, and rounds.
  *
- *   bp_linear_pack_x  x's rows as five balanced int8 digits, as bp_linear_quantise's, stored [rows][5][ld] with k
+ *   (pack_x_span)     x's rows as five balanced int8 digits, as bp_linear_quantise's, stored [rows][5][ld] with k
  *                     padded to ld by zeros, and each row's sum_k Q (int64).  ld, a multiple of 4, is k rounded
  *                     up plus 64 bytes: at a multiple of 4096 bytes the kernel's 15 digit streams would share one
  *                     L1 set (the 1.8x slowdown measured at k = 4096);
@@ -316,14 +316,6 @@ static void pack_x_span(const void *ctx, int64_t begin, int64_t end)
         c->exponent[r] = e_row;
         c->finite[r] = (uint8_t)finite;
     }
-}
-
-/* x [rows, k] -> packed int8 [rows][5][ld], qsum int64 [rows] = sum_k Q, exponent, finite; bits <= 39. */
-void bp_linear_pack_x(const float *x, int64_t rows, int64_t k, int64_t ld, int bits, int8_t *packed, int64_t *qsum,
-                      int32_t *exponent, uint8_t *finite, int nthreads)
-{
-    const struct pack_job c = {x, k, ld, rows, bits, packed, qsum, exponent, finite};
-    bp_parallel_for(pack_x_span, &c, rows, nthreads);
 }
 
 static void pack_w_span(const void *ctx, int64_t begin, int64_t end)
@@ -554,18 +546,30 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* out [m, n] = spec 24.1's linear from bp_linear_pack_x's and bp_linear_pack_w's forms (bits_w: the weight's B);
- * x [m, k] and w [n, k] are read only for pairs with a non-finite row.  Work items: blocks of block_rows x rows (held in
+/* out [m, n] = spec 24.1's linear of x [m, k] (quantised here with bits_x <= 39 into scratch: one call, so that the
+ * many small calls of a decode step pay one ctypes call and no tensor allocations) and bp_linear_pack_w's form of
+ * the weight (bits_w: its B); x and w [n, k] are read for the digits and for pairs with a non-finite row.  Work items: blocks of block_rows x rows (held in
  * cache while the weight's panels stream past them) times panels.  Only where bp_linear_vnni() holds. */
-void bp_linear_fused(const int8_t *xp, const uint8_t *wp, const int64_t *qsum, int64_t m, int64_t n, int64_t k,
-                     int64_t ld, int64_t block_rows, int bits_w, const int32_t *ex, const int32_t *ew,
-                     const uint8_t *x_finite, const uint8_t *w_finite, const float *x, const float *w,
-                     const float *bias, int offset, float *out, int nthreads)
+int bp_linear_fused(const float *x, const uint8_t *wp, int64_t m, int64_t n, int64_t k, int64_t ld,
+                    int64_t block_rows, int bits_x, int bits_w, const int32_t *ew, const uint8_t *w_finite,
+                    const float *w, const float *bias, int offset, float *out, int nthreads)
 {
+    /* scratch: qsum int64 [m], exponent int32 [m], finite uint8 [m], then the digits int8 [m][5][ld] */
+    char *scratch = malloc((size_t)m * (sizeof(int64_t) + sizeof(int32_t) + 1 + FUSED_SX * (size_t)ld));
+    if (!scratch)
+        return -1;
+    int64_t *qsum = (int64_t *)scratch;
+    int32_t *ex = (int32_t *)(qsum + m);
+    uint8_t *x_finite = (uint8_t *)(ex + m);
+    int8_t *xp = (int8_t *)(x_finite + m);
+    const struct pack_job pack = {x, k, ld, m, bits_x, xp, qsum, ex, x_finite};
+    bp_parallel_for(pack_x_span, &pack, m, nthreads);
     const int64_t panels = (n + FUSED_COLS - 1) / FUSED_COLS, blocks = (m + block_rows - 1) / block_rows;
     const struct fused_job c = {xp, wp, qsum, m, n, k, ld, panels, block_rows, bits_w, ex, ew, x_finite, w_finite,
                                 x, w, bias, offset, out};
     bp_parallel_for(fused_span, &c, blocks * panels, nthreads);
+    free(scratch);
+    return 0;
 }
 
 struct gemm_job {
