@@ -6,8 +6,9 @@ Each repetition times torch and bitparity back to back (interleaved), so load fr
 both; the ratio is of the medians. With --threads 1 the times are the process's CPU time (time.process_time), which
 other processes' load inflates far less than wall time on a shared machine. The `20 int8` column is the floor of
 any method that multiplies the 20 digit-slice pairs as int8 GEMMs: 20 times one torch._int_mm (oneDNN, VNNI here)
-of one x slice by one weight slice at the shape, over torch's float32 time, in the same run (forward rows). The forward calls reuse one weight, as a rollout does (the cpu backend caches
-its quantised form, checked by a full bit comparison each call). Forward + backward is y.backward(g) through
+of one x slice by one weight slice at the shape, over torch's float32 time, in the same run (forward rows).
+The forward calls reuse one weight, as a rollout does (the cpu backend caches its quantised form, checked by a full
+bit comparison each call). Forward + backward is y.backward(g) through
 torch's autograd: torch's F.linear against bitparity.linear (dx, dW and db by spec 29.2).
 Run: python benchmarks/bench_linear.py [--repeats N] [--threads T]
 """

@@ -548,8 +548,9 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
 
 /* out [m, n] = spec 24.1's linear of x [m, k] (quantised here with bits_x <= 39 into scratch: one call, so that the
  * many small calls of a decode step pay one ctypes call and no tensor allocations) and bp_linear_pack_w's form of
- * the weight (bits_w: its B); x and w [n, k] are read for the digits and for pairs with a non-finite row.  Work items: blocks of block_rows x rows (held in
- * cache while the weight's panels stream past them) times panels.  Only where bp_linear_vnni() holds. */
+ * the weight (bits_w: its B); x and w [n, k] are read for the digits and for pairs with a non-finite row.  Work
+ * items: blocks of block_rows x rows (held in cache while the weight's panels stream past them) times panels.  Only
+ * where bp_linear_vnni() holds.  Returns 0, or -1 if the scratch could not be allocated. */
 int bp_linear_fused(const float *x, const uint8_t *wp, int64_t m, int64_t n, int64_t k, int64_t ld,
                     int64_t block_rows, int bits_x, int bits_w, const int32_t *ew, const uint8_t *w_finite,
                     const float *w, const float *bias, int offset, float *out, int nthreads)
