@@ -124,6 +124,26 @@ def test_the_weight_gradient_blocks_give_the_reference_bits(monkeypatch, path):
     assert torch.equal(canonical_bits(got), canonical_bits(reference.weight_grad(x, g, positions, 160)))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_subnormal_results_do_not_depend_on_flush_to_zero(monkeypatch, path):
+    # Without a bias, linear's rounding is integer work, so torch.set_flush_denormal (FTZ and DAZ on x86) changes no
+    # bit: the fused kernel leaves results below 2^-126 to the 128-bit rounding instead of vcvtpd2ps, which FTZ
+    # would flush to 0.
+    _force(monkeypatch, path)
+    x, w = _case(6, 40, 20, 11)
+    x = x * 2.0 ** -80
+    w = w * 2.0 ** -60
+    want = reference.linear(x, w, None)
+    assert ((want != 0) & (want.abs() < 2.0 ** -126)).sum() > 20                     # subnormal results
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        got = cpu.linear(x, w.clone(), None)
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(canonical_bits(got), canonical_bits(want))
+
+
 def test_the_weight_cache_never_serves_stale_digits():
     x, w = _case(4, 64, 8, 0)
     weight = torch.nn.Parameter(w.clone())

@@ -462,7 +462,7 @@ ALWAYS_INLINE float fused_round_one(const struct fused_job *c, const int64_t t[F
  * the correctly rounded binary32 of S 2^p; the scaling by 2^p between them is exact (|p| <= 364, |s| < 2^86: far
  * inside binary64's normal range).  So this is round_scaled's result, bit for bit. */
 FUSED_TARGET ALWAYS_INLINE __m256 fused_round_eight(const struct fused_job *c, const int64_t t[FUSED_D][FUSED_COLS],
-                                                     int l0, int64_t m, const int32_t *ew)
+                                                     int l0, int64_t m, const int32_t *ew, __mmask8 *subnormal)
 {
     __m512i lo = _mm512_loadu_si512(&t[0][l0]), hi = _mm512_loadu_si512(&t[4][l0]);
     for (int d = 1; d < 4; d++) {
@@ -491,6 +491,9 @@ FUSED_TARGET ALWAYS_INLINE __m256 fused_round_eight(const struct fused_job *c, c
     const __m512i p = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(ew + l0))),
                                        _mm512_set1_epi64(c->ex[m] - c->offset + 1023));
     const __m512d scaled = _mm512_mul_pd(_mm512_castsi512_pd(odd), _mm512_castsi512_pd(_mm512_slli_epi64(p, 52)));
+    /* Results below 2^-126 (subnormal or zero) are left to round_scaled: under FTZ (torch.set_flush_denormal) the
+     * conversion would write 0, while the integer rounding never depends on the FPU's modes. */
+    *subnormal = _mm512_cmp_pd_mask(_mm512_abs_pd(scaled), _mm512_set1_pd(0x1p-126), _CMP_LT_OQ);
     return _mm512_cvt_roundpd_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
@@ -520,21 +523,24 @@ FUSED_TARGET static void fused_span(const void *ctx, int64_t begin, int64_t end)
             for (int r = 0; r < R; r++) {
                 const int64_t m = row + r;
                 float y[FUSED_COLS];
-                if (vector && panel_finite && c->x_finite[m]) {     /* every pair finite: y + bias, 16 at once */
-                    __m512 y16 = _mm512_insertf32x8(_mm512_castps256_ps512(fused_round_eight(c, t[r], 0, m, ew)),
-                                                    fused_round_eight(c, t[r], 8, m, ew), 1);
-                    if (c->bias)
-                        y16 = _mm512_add_ps(y16, _mm512_maskz_loadu_ps(stored, c->bias + col0));
-                    _mm512_mask_storeu_ps(c->out + m * c->n + col0, stored, y16);
-                    continue;
-                }
+                __mmask8 low = 0xFF, high = 0xFF;                   /* lanes left to round_scaled */
                 if (vector) {
-                    _mm256_storeu_ps(y, fused_round_eight(c, t[r], 0, m, ew));
-                    _mm256_storeu_ps(y + 8, fused_round_eight(c, t[r], 8, m, ew));
-                } else {
-                    for (int64_t l = 0; l < cols; l++)
-                        y[l] = fused_round_one(c, t[r], l, m, col0 + l);
+                    const __m256 y0 = fused_round_eight(c, t[r], 0, m, ew, &low);
+                    const __m256 y1 = fused_round_eight(c, t[r], 8, m, ew, &high);
+                    if (panel_finite && c->x_finite[m] && !low && !high) {   /* y + bias, 16 at once */
+                        __m512 y16 = _mm512_insertf32x8(_mm512_castps256_ps512(y0), y1, 1);
+                        if (c->bias)
+                            y16 = _mm512_add_ps(y16, _mm512_maskz_loadu_ps(stored, c->bias + col0));
+                        _mm512_mask_storeu_ps(c->out + m * c->n + col0, stored, y16);
+                        continue;
+                    }
+                    _mm256_storeu_ps(y, y0);
+                    _mm256_storeu_ps(y + 8, y1);
                 }
+                const unsigned scalar = (unsigned)low | (unsigned)high << 8;
+                for (int64_t l = 0; l < cols; l++)
+                    if (scalar >> l & 1)
+                        y[l] = fused_round_one(c, t[r], l, m, col0 + l);
                 for (int64_t l = 0; l < cols; l++) {
                     const int64_t col = col0 + l;
                     if (!(c->x_finite[m] && c->w_finite[col]))
