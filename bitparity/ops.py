@@ -679,9 +679,9 @@ def _check_param(name, t, shape, like_name, like):
 def linear(x, weight, bias=None, *, backend=None):
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] (spec 24.1, 2.0.0): each row of x and of weight
     quantised to integers against its largest exponent (x's rows to 39 bits, the weight's to 29), their exact
-    integer product rounded once to
-    float32, then the bias (one add). The same bits for any number of rows, any tiling and any exact integer
-    method. An exact zero is +0.0; a row holding NaN or inf gives its pairs' IEEE value (NaN or inf).
+    integer product rounded once to float32, then the bias (one add). The same bits for any number of rows, any
+    tiling and any exact integer method. An exact zero is +0.0; a row holding NaN or inf gives its pairs' IEEE
+    value (NaN or inf).
 
     Float inputs float32, bfloat16 or float16 (upcast exactly), result float32. Same bits on numpy, cpu, cuda
     and ascend; native runs torch's ops as HF transformers' Qwen3 modules do.
