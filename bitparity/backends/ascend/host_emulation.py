@@ -309,12 +309,9 @@ def _tree_width(k):
     return min(1 << max(0, (k - 1).bit_length()), spec.LANES)
 
 
-def linear(x, weight, bias, blocks=None):
-    """x [M, K], weight [N, K], bias [N] or None -> [M, N] (spec 24.1): kernels/linear.cpp's four launches, with
-    their GM workspaces (digits, exponents and flags of both operands, the Cube unit's int32 partials)."""
-    lib = library()
-    m, k = x.shape
-    n = weight.shape[0]
+def _linear_workspaces(m, k, n):
+    """kernels/linear.cpp's GM workspaces for x [M, K] and weight [N, K]: (digits of x and of the weight, their
+    exponents and flags, the Cube unit's int32 partials [chunks, 8, mPad, nPad], the tiles the launches spread)."""
     m_pad, n_pad, k_pad = -(-m // 16) * 16, -(-n // 16) * 16, -(-k // 32) * 32
     chunks = -(-k_pad // LINEAR_CHUNK_K)
     diagonals = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1
@@ -326,11 +323,20 @@ def linear(x, weight, bias, blocks=None):
     meta_x = torch.empty(m_pad, 8, dtype=torch.int32)
     meta_w = torch.empty(n_pad, 8, dtype=torch.int32)
     partials = torch.empty(chunks, diagonals, m_pad, n_pad, dtype=torch.int32)
-    y = torch.empty(m, n, dtype=torch.float32)
     tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * diagonals * chunks
-    check(lib, lib.bp_linear(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(), _ptr(bias),
-                             y.data_ptr(), digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(),
-                             meta_w.data_ptr(), partials.data_ptr(), m, k, n, int(bias is not None)))
+    return digits_x, digits_w, meta_x, meta_w, partials, max(tiles, m_pad, n_pad)
+
+
+def linear(x, weight, bias, blocks=None):
+    """x [M, K], weight [N, K], bias [N] or None -> [M, N] (spec 24.1): kernels/linear.cpp's four launches, with
+    their GM workspaces (digits, exponents and flags of both operands, the Cube unit's int32 partials)."""
+    lib = library()
+    (m, k), n = x.shape, weight.shape[0]
+    digits_x, digits_w, meta_x, meta_w, partials, tiles = _linear_workspaces(m, k, n)
+    y = torch.empty(m, n, dtype=torch.float32)
+    check(lib, lib.bp_linear(_blocks(tiles, blocks), x.data_ptr(), weight.data_ptr(), _ptr(bias), y.data_ptr(),
+                             digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(), meta_w.data_ptr(),
+                             partials.data_ptr(), m, k, n, int(bias is not None)))
     return y
 
 
@@ -339,23 +345,11 @@ def linear_exact(x, weight, blocks=None):
     chunk of K and digit weight 256^s), from kernels/linear.cpp's quantise and Cube launches without the rounding
     (bp_linear_exact; the tensor-parallel linear's partial, spec 31.1)."""
     lib = library()
-    m, k = x.shape
-    n = weight.shape[0]
-    m_pad, n_pad, k_pad = -(-m // 16) * 16, -(-n // 16) * 16, -(-k // 32) * 32
-    chunks = -(-k_pad // LINEAR_CHUNK_K)
-    diagonals = LINEAR_DIGITS_X + LINEAR_DIGITS_W - 1
-    if max(m_pad, n_pad) * k_pad * LINEAR_DIGITS_X >= 2**32 or chunks * diagonals * m_pad * n_pad >= 2**32:
-        raise ValueError(f"the Ascend C linear takes operands of fewer than 2**32 digits; got x {m} x {k}, weight "
-                         f"{n} x {k}")
-    digits_x = torch.empty(LINEAR_DIGITS_X * m_pad * k_pad, dtype=torch.int8)
-    digits_w = torch.empty(LINEAR_DIGITS_W * n_pad * k_pad, dtype=torch.int8)
-    meta_x = torch.empty(m_pad, 8, dtype=torch.int32)
-    meta_w = torch.empty(n_pad, 8, dtype=torch.int32)
-    partials = torch.empty(chunks, diagonals, m_pad, n_pad, dtype=torch.int32)
-    tiles = -(-m_pad // LINEAR_TILE) * -(-n_pad // LINEAR_TILE) * diagonals * chunks
-    check(lib, lib.bp_linear_exact(_blocks(max(tiles, m_pad, n_pad), blocks), x.data_ptr(), weight.data_ptr(),
-                                   digits_x.data_ptr(), digits_w.data_ptr(), meta_x.data_ptr(), meta_w.data_ptr(),
-                                   partials.data_ptr(), m, k, n))
+    (m, k), n = x.shape, weight.shape[0]
+    digits_x, digits_w, meta_x, meta_w, partials, tiles = _linear_workspaces(m, k, n)
+    check(lib, lib.bp_linear_exact(_blocks(tiles, blocks), x.data_ptr(), weight.data_ptr(), digits_x.data_ptr(),
+                                   digits_w.data_ptr(), meta_x.data_ptr(), meta_w.data_ptr(), partials.data_ptr(), m,
+                                   k, n))
     return partials
 
 

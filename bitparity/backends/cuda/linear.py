@@ -290,17 +290,27 @@ def quantise_rows(v, bits):
     return digits, exps, flags
 
 
-def linear(x, weight, bias):
-    """x f32[M, K], weight f32[N, K], bias f32[N] or None -> f32[M, N]."""
+def _digit_planes(x, weight):
+    """f32 x [M, K], weight [N, K] -> (int64 planes [DIAGONALS, M, N] with S = sum_s planes[s] 256^s, the rows'
+    exponents and NaN/inf flags of x and of the weight, the launch grid and tiles): both quantisations and the int8
+    tl.dot digit products, everything of spec 24.1 before the rounding."""
     n_rows, n_in = x.shape
     n_out = weight.shape[0]
     dx, ex, fx = quantise_rows(x, X_BITS)
     dw, ew, fw = quantise_rows(weight, W_BITS)
     block_m, block_n, block_k = _tiles(n_rows, n_out, n_in)
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
-    partials = torch.empty((DIAGONALS, n_rows, n_out), dtype=torch.int64, device=x.device)
-    launch(digit_gemm_kernel, (*grid, DIAGONALS), dx, dw, partials, n_rows, n_out, n_in,
+    planes = torch.empty((DIAGONALS, n_rows, n_out), dtype=torch.int64, device=x.device)
+    launch(digit_gemm_kernel, (*grid, DIAGONALS), dx, dw, planes, n_rows, n_out, n_in,
            DX=X_DIGITS, DW=W_DIGITS, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=CHUNK_K)
+    return planes, (ex, fx), (ew, fw), grid, (block_m, block_n)
+
+
+def linear(x, weight, bias):
+    """x f32[M, K], weight f32[N, K], bias f32[N] or None -> f32[M, N]."""
+    n_rows, n_in = x.shape
+    n_out = weight.shape[0]
+    partials, (ex, fx), (ew, fw), grid, (block_m, block_n) = _digit_planes(x, weight)
     out = torch.empty((n_rows, n_out), dtype=torch.float32, device=x.device)
     special_k = min(next_pow2(n_in), 64 if triton.knobs.runtime.interpret else 8)
     launch(round_kernel, grid, partials, ex, ew, fx, fw, x.view(torch.int32), weight.view(torch.int32),
@@ -314,16 +324,7 @@ def linear_exact(x, weight):
     """x f32[M, K], weight f32[N, K] -> int64 [2, M, N]: the exact S of spec 24.1 as (hi, lo) limbs (spec 31.1),
     from quantise_rows_kernel and digit_gemm_kernel's int64 diagonal planes (the int8 tl.dot), carried by
     backends/linear_limbs.py; no rounding."""
-    n_rows, n_in = x.shape
-    n_out = weight.shape[0]
-    dx, _, _ = quantise_rows(x, X_BITS)
-    dw, _, _ = quantise_rows(weight, W_BITS)
-    block_m, block_n, block_k = _tiles(n_rows, n_out, n_in)
-    grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_out, block_n))
-    planes = torch.empty((DIAGONALS, n_rows, n_out), dtype=torch.int64, device=x.device)
-    launch(digit_gemm_kernel, (*grid, DIAGONALS), dx, dw, planes, n_rows, n_out, n_in,
-           DX=X_DIGITS, DW=W_DIGITS, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, CHUNK=CHUNK_K)
-    return linear_limbs.from_planes(planes, 8)
+    return linear_limbs.from_planes(_digit_planes(x, weight)[0], 8)
 
 
 def weight_grad(x, g, positions, rows):
