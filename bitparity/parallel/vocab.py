@@ -96,15 +96,9 @@ def _check_logits(op, table, dims):
     right number of dimensions; a dtype, leading shape or device type other than rank 0's; a shard whose length
     is not vocab_shard's for the vocabulary the shards add up to."""
     where = f"bitparity.parallel.{op}: logits"
-    for rank, (kind, dtype, shape, device, layout) in enumerate(entry[0] for entry in table):
-        if kind != "Tensor":
-            raise TypeError(f"{where} on rank {rank} must be a torch.Tensor; got {kind}")
-        if layout != str(torch.strided):
-            raise TypeError(f"{where} on rank {rank} must be a dense (strided) tensor; got layout {layout}")
-        if device == "meta":
-            raise ValueError(f"{where} on rank {rank} must hold data; got a tensor on the meta device")
-        if dtype not in map(str, ops._FLOAT_DTYPES):
-            raise TypeError(f"{where} on rank {rank} must be float32, bfloat16 or float16; got {dtype}")
+    for rank, entry in enumerate(table):
+        _distributed._check_tensor(f"parallel.{op}", "logits", rank, entry[0], ops._FLOAT_DTYPES)
+        shape = entry[0][2]
         if len(shape) < dims[0] or (dims[1] is not None and len(shape) > dims[1]):
             wanted = "2 dimensions [B, V_r]" if dims[0] == dims[1] else f"at least {dims[0]} dimension [..., V_r]"
             raise ValueError(f"{where} on rank {rank} must have {wanted} (this rank's vocabulary shard last); got "
